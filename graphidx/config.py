@@ -1,0 +1,230 @@
+"""IndexerConfig: the static shape of one model's lightning indexer, and its presets.
+
+Everything here is fixed for the life of a serving process; per-step values live in
+`StepBatch`. Derived quantities (SPEC section 2) are properties so that each formula lives in
+one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MIB = 2**20
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative integers."""
+    return -(-a // b)
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass(frozen=True)
+class IndexerConfig:
+    """Static configuration of one indexer layer stack.
+
+    Units: `block_size` counts uncompressed tokens per KV page; `max_model_len` counts
+    uncompressed tokens; `max_logits_bytes` bounds one prefill launch's fp32 logits.
+    `candidate_block_size` (C) of 0 means no candidate blocks (single-level indexer).
+    """
+
+    num_heads: int
+    head_dim: int = 128
+    compress_ratio: int = 1
+    block_size: int = 64
+    max_model_len: int = 163840
+    num_speculative_tokens: int = 0
+    adaptive_verification: bool = False
+    topk_tokens: int = 2048
+    candidate_block_size: int = 0
+    candidate_topk_blocks: int = 0
+    sparse_logits: bool = False
+    max_logits_bytes: int = 512 * MIB
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_heads",
+            "head_dim",
+            "compress_ratio",
+            "block_size",
+            "max_model_len",
+            "topk_tokens",
+            "max_logits_bytes",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("num_speculative_tokens", "candidate_block_size", "candidate_topk_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.head_dim % 32:
+            raise ValueError(
+                f"head_dim must be a multiple of 32 (one MXFP4 scale per 32 elements), "
+                f"got {self.head_dim}"
+            )
+        if self.block_size % self.compress_ratio:
+            raise ValueError(
+                f"block_size ({self.block_size}) must be a multiple of compress_ratio "
+                f"({self.compress_ratio})"
+            )
+        if self.max_model_len < self.compress_ratio:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) must be at least compress_ratio "
+                f"({self.compress_ratio})"
+            )
+        if (self.candidate_block_size == 0) != (self.candidate_topk_blocks == 0):
+            raise ValueError(
+                "candidate_block_size and candidate_topk_blocks must be both set or both 0, "
+                f"got {self.candidate_block_size} and {self.candidate_topk_blocks}"
+            )
+        if self.sparse_logits and self.candidate_block_size == 0:
+            raise ValueError("sparse_logits=True needs candidate_block_size > 0, got 0")
+
+    # Derived quantities (SPEC section 2).
+    @property
+    def next_n(self) -> int:
+        """Query rows of a full speculative decode request: 1 + num_speculative_tokens."""
+        return 1 + self.num_speculative_tokens
+
+    @property
+    def page_entries(self) -> int:
+        """Compressed entries per KV page: block_size // compress_ratio."""
+        return self.block_size // self.compress_ratio
+
+    @property
+    def logits_width(self) -> int:
+        """Widest possible row of logits: max_model_len // compress_ratio."""
+        return self.max_model_len // self.compress_ratio
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        """Block-table columns a request of max_model_len tokens needs."""
+        return cdiv(self.max_model_len, self.block_size)
+
+    @property
+    def num_candidate_cols(self) -> int:
+        """Columns of a candidate pool: candidate_topk_blocks * candidate_block_size."""
+        return self.candidate_topk_blocks * self.candidate_block_size
+
+    @property
+    def has_candidates(self) -> bool:
+        return self.candidate_block_size > 0
+
+    def replace(self, **changes: Any) -> IndexerConfig:
+        """A copy with `changes` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    # Presets.
+    @classmethod
+    def deepseek_v32(cls, **overrides: Any) -> IndexerConfig:
+        """DeepSeek-V3.2's lightning indexer: 64 heads of 128, top-2048, pages of 64, R = 1."""
+        base: dict[str, Any] = dict(
+            num_heads=64,
+            head_dim=128,
+            compress_ratio=1,
+            block_size=64,
+            max_model_len=163840,
+            topk_tokens=2048,
+        )
+        base.update(overrides)
+        return cls(**base)
+
+    @classmethod
+    def deepseek_v41_flash(cls, **overrides: Any) -> IndexerConfig:
+        """DeepSeek-V4.1-Flash's two-level indexer (candidate source and consumers).
+
+        32 heads of 128, top-512, R = 1, candidate blocks of 8, a pool of 2048 blocks,
+        pages of 128 tokens, one speculative token.
+        """
+        base: dict[str, Any] = dict(
+            num_heads=32,
+            head_dim=128,
+            compress_ratio=1,
+            block_size=128,
+            max_model_len=1048576,
+            num_speculative_tokens=1,
+            topk_tokens=512,
+            candidate_block_size=8,
+            candidate_topk_blocks=2048,
+            sparse_logits=True,
+        )
+        base.update(overrides)
+        return cls(**base)
+
+    @classmethod
+    def cpu_demo(cls, **overrides: Any) -> IndexerConfig:
+        """A V4.1-shaped two-level indexer scaled down to run in seconds on a CPU."""
+        base: dict[str, Any] = dict(
+            num_heads=8,
+            head_dim=64,
+            compress_ratio=1,
+            block_size=64,
+            max_model_len=4096,
+            num_speculative_tokens=1,
+            topk_tokens=64,
+            candidate_block_size=8,
+            candidate_topk_blocks=16,
+            sparse_logits=True,
+            max_logits_bytes=4 * MIB,
+            max_num_seqs=32,
+            max_num_batched_tokens=1024,
+        )
+        base.update(overrides)
+        return cls(**base)
+
+    @classmethod
+    def from_hf_config(
+        cls, hf_config: Mapping[str, Any], *, layer: int = 0, **overrides: Any
+    ) -> IndexerConfig:
+        """Read a DeepSeek-style `config.json` dict for indexer layer `layer`.
+
+        Keys read: index_n_heads, index_head_dim, index_topk, compress_ratios (a per-layer
+        list or one int; absent means 1), candidate_block_size, candidate_topk_blocks
+        (sparse logits on when both are set), num_nextn_predict_layers (the speculative
+        tokens), max_position_embeddings. `overrides` win over the file (serving options such
+        as block_size or max_num_seqs).
+        """
+        if "index_n_heads" not in hf_config:
+            raise ValueError("hf_config has no 'index_n_heads': not a lightning-indexer model")
+        ratios = hf_config.get("compress_ratios", 1)
+        if isinstance(ratios, (list, tuple)):
+            if not 0 <= layer < len(ratios):
+                raise ValueError(
+                    f"layer {layer} is outside compress_ratios (length {len(ratios)})"
+                )
+            ratio = ratios[layer]
+        else:
+            ratio = ratios
+        if not isinstance(ratio, int) or ratio <= 0:
+            raise ValueError(
+                f"compress_ratios[{layer}] = {ratio!r}: layer {layer} has no compressed indexer"
+            )
+        cand_c = int(hf_config.get("candidate_block_size", 0) or 0)
+        cand_k = int(hf_config.get("candidate_topk_blocks", 0) or 0)
+        fields: dict[str, Any] = dict(
+            num_heads=int(hf_config["index_n_heads"]),
+            head_dim=int(hf_config.get("index_head_dim", 128)),
+            compress_ratio=ratio,
+            topk_tokens=int(hf_config.get("index_topk", 2048)),
+            candidate_block_size=cand_c,
+            candidate_topk_blocks=cand_k,
+            sparse_logits=cand_c > 0 and cand_k > 0,
+            num_speculative_tokens=int(hf_config.get("num_nextn_predict_layers", 0) or 0),
+        )
+        if "max_position_embeddings" in hf_config:
+            fields["max_model_len"] = int(hf_config["max_position_embeddings"])
+        fields.update(overrides)
+        if "block_size" not in fields:
+            # The smallest page that holds a whole tile of entries at this ratio.
+            fields["block_size"] = max(64, 32 * ratio)
+        return cls(**fields)

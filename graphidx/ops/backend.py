@@ -1,0 +1,72 @@
+"""Which implementation of an op runs: `reference`, `triton` or `aiter` (SPEC section 5).
+
+`None` picks the default for the tensors' device: `triton` on CUDA and ROCm GPUs, `reference`
+on the CPU. An explicit choice that cannot run on that device raises instead of falling back.
+`triton` runs on the CPU only under the Triton interpreter (`TRITON_INTERPRET=1`), which the
+tests use; `aiter` needs a gfx950 GPU with aiter importable.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+BACKENDS = ("reference", "triton", "aiter")
+
+
+def triton_interpreted() -> bool:
+    """True when Triton kernels run under the interpreter (CPU tensors allowed)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def _device_arch(index: int) -> str:
+    props = torch.cuda.get_device_properties(index)
+    return str(getattr(props, "gcnArchName", "") or "")
+
+
+def aiter_available(device: torch.device) -> bool:
+    """aiter runs only on gfx950 (ROCm) with the `aiter` package importable."""
+    if device.type != "cuda" or torch.version.hip is None:
+        return False
+    arch = _device_arch(device.index if device.index is not None else torch.cuda.current_device())
+    return arch.startswith("gfx950") and importlib.util.find_spec("aiter") is not None
+
+
+def default_backend(device: torch.device) -> str:
+    """`triton` on a GPU when Triton is installed, else `reference`."""
+    if device.type == "cuda" and triton_available():
+        return "triton"
+    return "reference"
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """Validate `backend` for tensors on `device`; `None` means the device's default.
+
+    Raises `ValueError` for an unknown name or a backend that cannot run on `device`.
+    """
+    if backend is None:
+        return default_backend(device)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "triton":
+        if not triton_available():
+            raise ValueError("backend='triton' but the triton package is not installed")
+        if device.type != "cuda" and not triton_interpreted():
+            raise ValueError(
+                f"backend='triton' cannot run on device {device} "
+                "(set TRITON_INTERPRET=1 to run it on the CPU under the interpreter)"
+            )
+    if backend == "aiter" and not aiter_available(device):
+        raise ValueError(
+            f"backend='aiter' needs a gfx950 GPU with aiter installed; device is {device}"
+        )
+    return backend
