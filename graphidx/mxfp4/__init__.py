@@ -1,0 +1,25 @@
+"""MXFP4 keys and queries, and the preshuffled paged K cache (SPEC section 4)."""
+
+from graphidx.mxfp4.format import E2M1_VALUES, dequantize_mxfp4, quantize_mxfp4
+from graphidx.mxfp4.layout import (
+    CacheLayout,
+    cache_layout,
+    check_kv_cache,
+    entry_offsets,
+    pack_page,
+    read_entries,
+    unpack_page,
+)
+
+__all__ = [
+    "E2M1_VALUES",
+    "CacheLayout",
+    "cache_layout",
+    "check_kv_cache",
+    "dequantize_mxfp4",
+    "entry_offsets",
+    "pack_page",
+    "quantize_mxfp4",
+    "read_entries",
+    "unpack_page",
+]
