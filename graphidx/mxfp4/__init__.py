@@ -5,21 +5,26 @@ from graphidx.mxfp4.layout import (
     CacheLayout,
     cache_layout,
     check_kv_cache,
+    device_entry_offsets,
     entry_offsets,
     pack_page,
     read_entries,
     unpack_page,
 )
+from graphidx.mxfp4.writer import compressed_slot_mapping, write_k_cache
 
 __all__ = [
     "E2M1_VALUES",
     "CacheLayout",
     "cache_layout",
     "check_kv_cache",
+    "compressed_slot_mapping",
     "dequantize_mxfp4",
+    "device_entry_offsets",
     "entry_offsets",
     "pack_page",
     "quantize_mxfp4",
     "read_entries",
     "unpack_page",
+    "write_k_cache",
 ]

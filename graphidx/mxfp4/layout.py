@@ -168,11 +168,13 @@ def entry_offsets(layout: CacheLayout) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @functools.lru_cache(maxsize=64)
-def _device_entry_offsets(
+def device_entry_offsets(
     layout: CacheLayout, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # One copy per device, made on first use: later calls (e.g. inside a graph capture)
-    # must not copy from the host.
+    """`entry_offsets(layout)` on `device`, copied once per device and then cached.
+
+    Call it once before a graph capture: the first call copies from the host. Read-only.
+    """
     value_offsets, scale_offsets = entry_offsets(layout)
     return value_offsets.to(device), scale_offsets.to(device)
 
@@ -206,7 +208,7 @@ def pack_page(values: torch.Tensor, scales: torch.Tensor, layout: CacheLayout) -
     row c). Returns uint8 `[page_bytes]` on their device, every byte written.
     """
     _check_entry_bytes(values, scales, layout)
-    value_offsets, scale_offsets = _device_entry_offsets(layout, values.device)
+    value_offsets, scale_offsets = device_entry_offsets(layout, values.device)
     page = torch.empty(layout.page_bytes, dtype=torch.uint8, device=values.device)
     page[value_offsets.reshape(-1)] = values.reshape(-1)
     page[scale_offsets.reshape(-1)] = scales.reshape(-1)
@@ -233,7 +235,7 @@ def unpack_page(
         raise ValueError(
             f"page has {page.shape[0]} bytes, fewer than layout.page_bytes {layout.page_bytes}"
         )
-    value_offsets, scale_offsets = _device_entry_offsets(layout, page.device)
+    value_offsets, scale_offsets = device_entry_offsets(layout, page.device)
     return page[value_offsets], page[scale_offsets]
 
 
@@ -292,7 +294,7 @@ def read_entries(
         raise ValueError(
             f"pages shape {tuple(pages.shape)} and slots shape {tuple(slots.shape)} differ"
         )
-    value_offsets, scale_offsets = _device_entry_offsets(layout, kv_cache.device)
+    value_offsets, scale_offsets = device_entry_offsets(layout, kv_cache.device)
     page_rows = pages.to(torch.int64).unsqueeze(1)
     entry_rows = slots.to(torch.int64)
     values = kv_cache[page_rows, value_offsets[entry_rows]]
