@@ -547,3 +547,39 @@ def test_gather_defensive_columns_are_neg_inf(gen: torch.Generator) -> None:
     )
     close(compact[0, :12], score64(queries, 0, cache.keys64[0][8:20]))
     assert torch.all(compact[0, 12:] == NEG_INF)
+
+
+def test_dense_logits_with_block_scores_trace_under_torch_compile(gen: torch.Generator) -> None:
+    """The mutation annotations (out and the optional block_scores) let a fullgraph trace
+    functionalize the op and still write the caller's buffers."""
+    cache = make_paged_keys(gen, [50, 20], num_heads=2, head_dim=64, page_entries=32)
+    queries = make_queries(gen, 4, 2, 64)
+    row_ends = torch.tensor([49, 50, 19, 20], dtype=torch.int32)
+    out = torch.full((4, 64), NAN)
+    block_scores = torch.full((4, 8), NAN)
+
+    def step(out: torch.Tensor, block_scores: torch.Tensor) -> None:
+        paged_mqa_logits(
+            queries.q,
+            queries.q_scale,
+            cache.kv_cache,
+            queries.weights,
+            cache.context_lens,
+            cache.block_table,
+            row_ends,
+            out,
+            next_n=2,
+            block_scores=block_scores,
+            candidate_block_size=8,
+            page_entries=32,
+            backend=BACKEND,
+        )
+
+    torch.compile(step, backend="aot_eager", fullgraph=True)(out, block_scores)
+    for r in range(4):
+        n = int(row_ends[r])
+        scores = score64(queries, r, cache.keys64[r // 2][:n])
+        close(out[r, :n], scores)
+        assert torch.all(torch.isnan(out[r, n:]))
+        want = expected_block_scores(scores, n, 8, 8)
+        assert torch.equal(torch.isinf(block_scores[r]), torch.isinf(want))

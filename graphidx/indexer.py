@@ -1,0 +1,308 @@
+"""The indexer layers' entry points (SPEC 6): `dense_indexer` and `candidate_consumer`.
+
+Both take one step's `IndexerMetadata` (from the builder), the layer's MXFP4 Q
+(`q` uint8 `[>= num_tokens, H, D/2]`, `q_scale` uint8 `[>= num_tokens, H, D/32]`), its head
+weights (float32 `[>= num_tokens, H]`), its paged K cache (uint8 `[num_pages, page_stride]`,
+pages of `config.page_entries`), the caller's `topk_indices` (int32 `[>= num_tokens,
+topk_tokens]`) and an `IndexerWorkspace` for the same config. They fill rows
+`[0, metadata.num_tokens)` of `topk_indices`: -1 first, then each real row's top
+`topk_tokens` key positions in `[0, row_end)`, any order, -1 padded.
+
+The layers only slice the workspace and the metadata (views) and call graphidx.ops, so the
+decode path allocates nothing itself and is the same launch sequence on every step of a shape.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphidx.config import IndexerConfig
+from graphidx.metadata import IndexerMetadata
+from graphidx.ops import (
+    apply_candidate_mask,
+    gather_mqa_logits,
+    paged_mqa_logits,
+    remap_compact_topk,
+    resolve_candidate_pool,
+    topk_per_row,
+)
+from graphidx.ops.validate import check_mxfp4_query, check_tensor
+from graphidx.workspace import IndexerWorkspace
+
+
+def _check_layer_inputs(
+    metadata: IndexerMetadata,
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    weights: torch.Tensor,
+    topk_indices: torch.Tensor,
+    workspace: IndexerWorkspace,
+    config: IndexerConfig,
+) -> None:
+    if not isinstance(config, IndexerConfig):
+        raise ValueError(f"config must be an IndexerConfig, got {type(config).__name__}")
+    if not isinstance(workspace, IndexerWorkspace):
+        raise ValueError(f"workspace must be an IndexerWorkspace, got {type(workspace).__name__}")
+    if workspace.config != config:
+        raise ValueError("workspace was sized for a different config than the layer's")
+    rows, num_heads, head_dim, device = check_mxfp4_query(q, q_scale, weights)
+    if (num_heads, head_dim) != (config.num_heads, config.head_dim):
+        raise ValueError(
+            f"q has {num_heads} heads of {head_dim}, config says {config.num_heads} of "
+            f"{config.head_dim}"
+        )
+    if rows < metadata.num_tokens:
+        raise ValueError(f"q has {rows} rows, fewer than metadata.num_tokens {metadata.num_tokens}")
+    check_tensor(
+        "topk_indices",
+        topk_indices,
+        dtype=torch.int32,
+        rank=2,
+        device=device,
+        shape=(None, config.topk_tokens),
+    )
+    if topk_indices.shape[0] < metadata.num_tokens:
+        raise ValueError(
+            f"topk_indices has {topk_indices.shape[0]} rows, fewer than metadata.num_tokens "
+            f"{metadata.num_tokens}"
+        )
+
+
+def _decode_grouping(metadata: IndexerMetadata) -> dict[str, object]:
+    """Keyword arguments of the decode rows' grouping: native next_n sequences or flat rows."""
+    decode = metadata.decode
+    assert decode is not None
+    if decode.native is not None:
+        return {
+            "context_lens": decode.native.context_lens,
+            "block_table": decode.native.block_table,
+            "next_n": decode.native.next_n,
+        }
+    # Flattened: every row is its own sequence whose context is the row's own end.
+    return {"context_lens": decode.row_lens, "block_table": decode.block_table}
+
+
+def dense_indexer(
+    metadata: IndexerMetadata,
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    weights: torch.Tensor,
+    kv_cache: torch.Tensor,
+    topk_indices: torch.Tensor,
+    workspace: IndexerWorkspace,
+    *,
+    config: IndexerConfig,
+    candidate_source: bool = False,
+    backend: str | None = None,
+) -> None:
+    """A layer that scores its rows' whole visible context (SPEC 6).
+
+    Decode rows: one dense launch (native next_n grouping when `metadata.decode.native`,
+    else flattened rows, with the decode schedule) into the workspace's decode logits, then
+    top-k with the row ends as lengths. Prefill: one launch per planned chunk
+    (chunk-local query_start_loc grouping, logits `[rows, plan.width]`), then top-k.
+    `candidate_source=True` (needs candidate blocks in the config) also writes block scores
+    in the same pass and picks the step's candidate blocks: the top `candidate_topk_blocks`
+    block scores per row, block ends as lengths, into `workspace.candidate_ids` (row i of
+    the step at row i), for the consumers of this step.
+    """
+    _check_layer_inputs(metadata, q, q_scale, weights, topk_indices, workspace, config)
+    if candidate_source and not config.has_candidates:
+        raise ValueError("candidate_source=True needs candidate_block_size > 0 in the config")
+    size = config.candidate_block_size
+    k = config.topk_tokens
+    topk_indices[: metadata.num_tokens].fill_(-1)
+
+    decode = metadata.decode
+    if decode is not None and decode.num_rows:
+        rows = decode.num_rows
+        logits = workspace.decode_logits_view(rows)
+        block_scores = None
+        if candidate_source:
+            block_scores = workspace.block_scores_view(rows, logits.shape[1])
+        paged_mqa_logits(
+            q[:rows],
+            q_scale[:rows],
+            kv_cache,
+            weights[:rows],
+            row_ends=decode.row_lens,
+            out=logits,
+            schedule=decode.schedule,
+            block_scores=block_scores,
+            candidate_block_size=size if candidate_source else 0,
+            page_entries=config.page_entries,
+            backend=backend,
+            **_decode_grouping(metadata),  # type: ignore[arg-type]
+        )
+        topk_per_row(logits, decode.row_lens, k, topk_indices[:rows], backend=backend)
+        if block_scores is not None:
+            _pick_candidate_blocks(
+                block_scores, decode.block_ends, 0, rows, workspace, config, backend
+            )
+
+    for chunk, plan in zip(metadata.chunks, metadata.plans, strict=True):
+        start, end = chunk.token_start, chunk.token_end
+        rows = end - start
+        logits = workspace.prefill_logits_view(rows, plan.width)
+        block_scores = None
+        if candidate_source:
+            block_scores = workspace.block_scores_view(rows, plan.width)
+        paged_mqa_logits(
+            q[start:end],
+            q_scale[start:end],
+            kv_cache,
+            weights[start:end],
+            plan.context_lens,
+            chunk.block_table,
+            plan.row_ends,
+            logits,
+            query_start_loc=plan.query_start_loc,
+            block_scores=block_scores,
+            candidate_block_size=size if candidate_source else 0,
+            page_entries=config.page_entries,
+            backend=backend,
+        )
+        topk_per_row(logits, plan.row_ends, k, topk_indices[start:end], backend=backend)
+        if block_scores is not None:
+            _pick_candidate_blocks(
+                block_scores, plan.block_ends, start, end, workspace, config, backend
+            )
+
+
+def _pick_candidate_blocks(
+    block_scores: torch.Tensor,
+    block_ends: torch.Tensor | None,
+    start: int,
+    end: int,
+    workspace: IndexerWorkspace,
+    config: IndexerConfig,
+    backend: str | None,
+) -> None:
+    """The source's candidate blocks of step rows [start, end): top-KB block scores."""
+    if block_ends is None:
+        raise ValueError("metadata has no block_ends: built without candidate blocks")
+    ids, _, _ = workspace.pool(start, end)
+    topk_per_row(block_scores, block_ends, config.candidate_topk_blocks, ids, backend=backend)
+
+
+def candidate_consumer(
+    metadata: IndexerMetadata,
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    weights: torch.Tensor,
+    kv_cache: torch.Tensor,
+    topk_indices: torch.Tensor,
+    workspace: IndexerWorkspace,
+    *,
+    config: IndexerConfig,
+    resolve_pool: bool,
+    backend: str | None = None,
+) -> None:
+    """A layer that scores only the candidate source's pool (SPEC 6).
+
+    `resolve_pool=True` (the step's first consumer) turns `workspace.candidate_ids`, written
+    by this step's `dense_indexer(candidate_source=True)`, into sorted pool positions and
+    live column counts for every row (decode rows against decode.row_lens, prefill rows
+    against their plan's row ends); later consumers pass False and reuse them. Decode rows
+    gather when `metadata.decode_use_gather` (compact logits, top-k over the live columns,
+    remap to positions), else dense logits masked to the pool and top-k over the row ends.
+    Prefill chunks whose plan does not gather go dense + mask; the gathering ones run as
+    `metadata.gather_launches` (one request each, its rows as one next_n sequence).
+    """
+    _check_layer_inputs(metadata, q, q_scale, weights, topk_indices, workspace, config)
+    if not config.sparse_logits:
+        raise ValueError("candidate_consumer needs sparse_logits=True in the config")
+    size = config.candidate_block_size
+    k = config.topk_tokens
+    topk_indices[: metadata.num_tokens].fill_(-1)
+    decode = metadata.decode
+
+    if resolve_pool:
+        if decode is not None and decode.num_rows:
+            ids, positions, live = workspace.pool(0, decode.num_rows)
+            resolve_candidate_pool(ids, decode.row_lens, size, positions, live, backend=backend)
+        for chunk, plan in zip(metadata.chunks, metadata.plans, strict=True):
+            ids, positions, live = workspace.pool(chunk.token_start, chunk.token_end)
+            resolve_candidate_pool(ids, plan.row_ends, size, positions, live, backend=backend)
+
+    if decode is not None and decode.num_rows:
+        rows = decode.num_rows
+        _, positions, live = workspace.pool(0, rows)
+        if metadata.decode_use_gather:
+            compact, compact_topk = workspace.compact_views(rows)
+            gather_mqa_logits(
+                q[:rows],
+                q_scale[:rows],
+                kv_cache,
+                weights[:rows],
+                positions=positions,
+                live_cols=live,
+                out=compact,
+                candidate_block_size=size,
+                page_entries=config.page_entries,
+                backend=backend,
+                **_decode_grouping(metadata),  # type: ignore[arg-type]
+            )
+            topk_per_row(compact, live, k, compact_topk, backend=backend)
+            remap_compact_topk(compact_topk, positions, size, topk_indices[:rows], backend=backend)
+        else:
+            logits = workspace.decode_logits_view(rows)
+            paged_mqa_logits(
+                q[:rows],
+                q_scale[:rows],
+                kv_cache,
+                weights[:rows],
+                row_ends=decode.row_lens,
+                out=logits,
+                schedule=decode.schedule,
+                page_entries=config.page_entries,
+                backend=backend,
+                **_decode_grouping(metadata),  # type: ignore[arg-type]
+            )
+            apply_candidate_mask(logits, positions, size, backend=backend)
+            topk_per_row(logits, decode.row_lens, k, topk_indices[:rows], backend=backend)
+
+    for chunk, plan in zip(metadata.chunks, metadata.plans, strict=True):
+        if plan.use_gather:
+            continue  # served by the gather launches below
+        start, end = chunk.token_start, chunk.token_end
+        _, positions, _ = workspace.pool(start, end)
+        logits = workspace.prefill_logits_view(end - start, plan.width)
+        paged_mqa_logits(
+            q[start:end],
+            q_scale[start:end],
+            kv_cache,
+            weights[start:end],
+            plan.context_lens,
+            chunk.block_table,
+            plan.row_ends,
+            logits,
+            query_start_loc=plan.query_start_loc,
+            page_entries=config.page_entries,
+            backend=backend,
+        )
+        apply_candidate_mask(logits, positions, size, backend=backend)
+        topk_per_row(logits, plan.row_ends, k, topk_indices[start:end], backend=backend)
+
+    for launch in metadata.gather_launches:
+        start, end = launch.token_start, launch.token_end
+        rows = end - start
+        _, positions, live = workspace.pool(start, end)
+        compact, compact_topk = workspace.compact_views(rows)
+        gather_mqa_logits(
+            q[start:end],
+            q_scale[start:end],
+            kv_cache,
+            weights[start:end],
+            launch.context_lens,
+            launch.block_table,
+            positions,
+            live,
+            compact,
+            candidate_block_size=size,
+            next_n=rows,
+            page_entries=config.page_entries,
+            backend=backend,
+        )
+        topk_per_row(compact, live, k, compact_topk, backend=backend)
+        remap_compact_topk(compact_topk, positions, size, topk_indices[start:end], backend=backend)
