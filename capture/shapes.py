@@ -102,8 +102,9 @@ class CaptureSizes:
 
     `sizes`: explicit token counts (positive ints, each <= max_size), or None for
     `default_ladder(max_size)`. Every size is rounded UP to a multiple of `uniform_query_len`
-    (next_n), then duplicates are dropped; so with rounding the largest size may exceed
-    `max_size` by less than `uniform_query_len`.
+    (next_n), except that a size that would round above `max_size` becomes the largest
+    multiple of `uniform_query_len` <= max_size; then duplicates are dropped. So every size
+    is a multiple of `uniform_query_len` and `largest <= max_size`.
     """
 
     def __init__(
@@ -132,9 +133,17 @@ class CaptureSizes:
                     raise ValueError(
                         f"sizes holds {size} > max_size={max_size}; raise max_size to capture it"
                     )
+        if max_size < uniform_query_len:
+            raise ValueError(
+                f"max_size={max_size} is below uniform_query_len={uniform_query_len}: no "
+                "uniform step fits"
+            )
         self._uniform_query_len = uniform_query_len
         self._max_size = max_size
-        self._sizes = tuple(sorted({_round_up(size, uniform_query_len) for size in raw}))
+        # Round up to whole requests, but never past max_size: the buffers behind the graphs
+        # are sized for max_size tokens.
+        top = max_size - max_size % uniform_query_len
+        self._sizes = tuple(sorted({min(_round_up(size, uniform_query_len), top) for size in raw}))
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -153,7 +162,7 @@ class CaptureSizes:
 
     @property
     def max_size(self) -> int:
-        """The cap the sizes were built or validated against (before rounding)."""
+        """The cap: no size exceeds it."""
         return self._max_size
 
     def __iter__(self) -> Iterator[int]:

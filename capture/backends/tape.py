@@ -17,6 +17,8 @@ Frozen at capture
 Re-read at every replay
 - The contents of every tensor: writing new values into a persistent input between replays
   is seen by the next replay; in-place and `out=` ops mutate their arguments as usual.
+- Random ops draw fresh numbers at every replay (a device graph advances its generator's
+  offset per replay too); an explicit `generator=` argument is kept by identity.
 
 Graph-private memory
 - A tensor created by a recorded op (an out-of-place result) is private to the tape and kept
@@ -37,7 +39,9 @@ Graph-private memory
 
 Custom ops
 - An op registered with `torch.library.custom_op` is dispatched as one `OpOverload` and its
-  implementation runs with the recorder off, so it is ONE tape entry. Kernels launched
+  implementation runs with the recorder and the guards off, so it is ONE tape entry and its
+  body is opaque (under TRITON_INTERPRET a Triton kernel reads tensors through numpy, which
+  is the kernel's business, not the graph's). Kernels launched
   outside the dispatcher (a raw Triton launch, ctypes) are invisible to the tape: wrap them
   in a custom op, as graphidx does, or they will not be replayed.
 
@@ -229,6 +233,22 @@ def check_dispatched_op(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, A
         )
 
 
+# >0 while a dispatched op executes under a guard: the Python body of a custom op is the op
+# author's kernel (a Triton launch, which under TRITON_INTERPRET reads tensors through numpy),
+# not graph-level code, so host reads inside it are not the capture's business.
+_ops_running = 0
+
+
+@contextmanager
+def _running_op() -> Iterator[None]:
+    global _ops_running
+    _ops_running += 1
+    try:
+        yield
+    finally:
+        _ops_running -= 1
+
+
 class _HostReadGuard(TorchFunctionMode):
     """Refuses `_HOST_READ_METHODS`, which on a CPU never reach the dispatcher."""
 
@@ -240,7 +260,7 @@ class _HostReadGuard(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         try:
-            label = _HOST_READ_METHODS.get(func)
+            label = None if _ops_running else _HOST_READ_METHODS.get(func)
         except TypeError:  # an unhashable callable cannot be one of the listed methods
             label = None
         if label is not None:
@@ -263,7 +283,8 @@ class _SyncGuard(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         check_dispatched_op(func, args, kwargs)
-        return func(*args, **kwargs)
+        with _running_op():
+            return func(*args, **kwargs)
 
 
 @contextmanager
@@ -450,7 +471,8 @@ class _Recorder(TorchDispatchMode):
                     f"argument `{label}` of {_op_name(func)} (op #{position})",
                 )
 
-        result = func(*args, **kwargs)
+        with _running_op():
+            result = func(*args, **kwargs)
 
         outputs, _ = tree_flatten(result)
         roles = tuple(

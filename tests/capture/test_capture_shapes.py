@@ -39,10 +39,11 @@ def test_ladder_rounds_up_to_next_n_and_dedups() -> None:
     assert two.sizes == tuple(sorted({2, *EXPECTED_DEFAULT[1:]}))
     assert two.sizes[:4] == (2, 4, 8, 16)
     three = CaptureSizes(max_size=64, uniform_query_len=3)
-    assert three.sizes == (3, 6, 9, 18, 24, 33, 42, 48, 57, 66)
+    # 64 would round up to 66 > max_size: it becomes 63, the largest multiple below.
+    assert three.sizes == (3, 6, 9, 18, 24, 33, 42, 48, 57, 63)
     assert all(size % 3 == 0 for size in three)
-    # Rounding may exceed max_size by less than uniform_query_len.
-    assert three.largest == 66
+    assert CaptureSizes([1, 7], max_size=7, uniform_query_len=2).sizes == (2, 6)
+    assert CaptureSizes(max_size=2, uniform_query_len=2).sizes == (2,)
 
 
 def test_explicit_sizes_sorted_rounded_deduped() -> None:
@@ -63,6 +64,7 @@ def test_explicit_sizes_sorted_rounded_deduped() -> None:
         ({"max_size": 0}, "max_size"),
         ({"uniform_query_len": 0}, "uniform_query_len"),
         ({"uniform_query_len": 1.5}, "uniform_query_len"),
+        ({"max_size": 3, "uniform_query_len": 4}, "no uniform step fits"),
     ],
 )
 def test_sizes_validation(kwargs: dict, needle: str) -> None:
@@ -106,11 +108,15 @@ def test_pad_validation(args: tuple, needle: str) -> None:
 @settings(max_examples=60, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 300), min_size=1, max_size=12),
+    max_size=st.integers(300, 310),
     next_n=st.integers(1, 4),
     num_tokens=st.integers(0, 320),
 )
-def test_pad_is_smallest_fitting_size(sizes: list[int], next_n: int, num_tokens: int) -> None:
-    ladder = CaptureSizes(sizes, max_size=300, uniform_query_len=next_n)
+def test_pad_is_smallest_fitting_size(
+    sizes: list[int], max_size: int, next_n: int, num_tokens: int
+) -> None:
+    ladder = CaptureSizes(sizes, max_size=max_size, uniform_query_len=next_n)
+    assert ladder.largest <= max_size
     shape = ladder.pad(num_tokens)
     fitting = [s for s in ladder.sizes if s >= num_tokens]
     if not fitting:

@@ -209,6 +209,27 @@ def test_small_pipeline_matches_float64(gen: torch.Generator) -> None:
         assert_matches(buckets, expected)
 
 
+@torch.library.custom_op("capture_test::host_kernel", mutates_args=("out",))
+def host_kernel(x: torch.Tensor, out: torch.Tensor) -> None:
+    """A CPU "kernel" that reads its input through numpy, like Triton's interpreter does."""
+    out.copy_(torch.from_numpy(x.numpy() * 2 + float(x.sum().item()) * 0))
+
+
+def test_custom_op_body_is_opaque_to_the_guards(gen: torch.Generator) -> None:
+    x = torch.randn(5, generator=gen)
+    out = torch.empty(5)
+    cache = GraphCache("tape")
+    cache.capture(SHAPE, lambda: host_kernel(x, out))
+    assert tape_of(cache).op_names() == ["capture_test.host_kernel.default"]
+    refill(x, gen)
+    out.fill_(NAN)
+    cache.replay(SHAPE)
+    assert_matches(out, 2 * x.double())
+    # The same host reads outside a custom op are refused.
+    with pytest.raises(CaptureError, match="numpy"):
+        cache.capture(StepShape(4, 4, 1), lambda: out.copy_(torch.from_numpy(x.numpy())))
+
+
 def test_custom_op_is_one_entry(gen: torch.Generator) -> None:
     x = torch.randn(7, generator=gen)
     out = torch.empty(7)
