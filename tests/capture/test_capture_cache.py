@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -301,3 +303,15 @@ def test_public_api() -> None:
     }
     assert expected <= set(capture.__all__)
     assert issubclass(CaptureError, RuntimeError)
+
+
+def test_capture_imports_torch_only() -> None:
+    """The arrow points one way: capture never imports graphidx (checked in a fresh process)."""
+    code = (
+        "import sys, capture, capture.backends.tape, capture.backends.device; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'graphidx'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "[]"
