@@ -1,0 +1,158 @@
+"""`graphidx replay-check`: the replay-correctness harness over several model shapes.
+
+Cases rotate over three small runners that between them cover R in {1, 2, 4}, dense and
+two-level (candidate) stacks, next_n 2 and 3, and adaptive verification; each runner captures
+its decode ladder first, then `check_replay` runs every case eager-unpadded, eager-padded and
+through the normal replay path. Prints `N cases, M mismatches` last.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from capture import CaptureSizes
+from graphidx.config import IndexerConfig
+from graphidx.runner import IndexerGraphRunner, IndexerStack
+from graphidx.testing import ReplayReport, StepGenerator, check_replay
+
+
+@dataclass(frozen=True)
+class HarnessShape:
+    name: str
+    config: IndexerConfig
+    stack: IndexerStack
+    max_context: int
+
+
+def harness_shapes(device: torch.device) -> list[HarnessShape]:
+    """Small shapes on a CPU; on a GPU the same structure at the full head counts."""
+    small = device.type != "cuda"
+    heads, dim = (8, 64) if small else (64, 128)
+    cand_heads = 8 if small else 32
+    common = dict(max_model_len=4096 if small else 32768, max_num_seqs=16 if small else 64)
+    tokens = 256 if small else 2048
+    return [
+        HarnessShape(
+            "v41-like R1",
+            IndexerConfig.cpu_demo(
+                num_heads=cand_heads,
+                head_dim=dim,
+                max_num_batched_tokens=tokens,
+                **common,
+            ),
+            IndexerStack(candidate_source=True, consumers=2),
+            2048 if small else 16384,
+        ),
+        HarnessShape(
+            "v32-like R2 next_n 3",
+            IndexerConfig(
+                num_heads=heads,
+                head_dim=dim,
+                compress_ratio=2,
+                block_size=64,
+                num_speculative_tokens=2,
+                topk_tokens=64 if small else 2048,
+                max_logits_bytes=2**20 if small else 2**28,
+                max_num_batched_tokens=tokens,
+                **common,
+            ),
+            IndexerStack(dense=2),
+            2048 if small else 16384,
+        ),
+        HarnessShape(
+            "v41-like R4 adaptive",
+            IndexerConfig.cpu_demo(
+                num_heads=cand_heads,
+                head_dim=dim,
+                compress_ratio=4,
+                block_size=128,
+                adaptive_verification=True,
+                max_num_batched_tokens=tokens,
+                **common,
+            ),
+            IndexerStack(candidate_source=True, consumers=1),
+            4096 if small else 32768,
+        ),
+    ]
+
+
+def _progress(done: int, total: int, mismatches: int, start: float) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    rate = done / max(time.perf_counter() - start, 1e-9)
+    sys.stderr.write(
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} cases, "
+        f"{mismatches} mismatches, {rate:.1f} cases/s"
+    )
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def run_replay_check(
+    *,
+    backend: str,
+    cases: int,
+    seed: int,
+    device: torch.device,
+    progress: bool = True,
+    print_fn=print,
+) -> int:
+    """Run `cases` random steps over the harness shapes; print and return the mismatches."""
+    if cases < 1:
+        raise ValueError(f"cases must be >= 1, got {cases}")
+    if backend == "device" and device.type != "cuda":
+        raise ValueError("--backend device needs a CUDA/ROCm GPU (use --backend tape on a CPU)")
+    shapes = harness_shapes(device)
+    setups = []
+    for i, shape in enumerate(shapes):
+        gen = StepGenerator(
+            shape.config,
+            shape.stack,
+            num_pages=512,
+            device=device,
+            seed=seed * 1000 + i,
+            max_context=shape.max_context,
+        )
+        runner = IndexerGraphRunner(
+            shape.config,
+            shape.stack,
+            gen.kv_caches(),
+            device,
+            graph_backend=backend,
+            capture_sizes=CaptureSizes(
+                max_size=min(64, shape.config.max_num_seqs * shape.config.next_n),
+                uniform_query_len=shape.config.next_n,
+            ),
+        )
+        runner.capture()
+        setups.append((shape, gen, runner))
+    total = ReplayReport()
+    start = time.perf_counter()
+    for done in range(cases):
+        shape, gen, runner = setups[done % len(setups)]
+        report = check_replay(runner, [gen.case(_kind(gen, done))])
+        total.cases += report.cases
+        total.replayed += report.replayed
+        total.by_kind.update({f"{k}": v for k, v in report.by_kind.items()})
+        for m in report.mismatches:
+            total.mismatches.append(m)
+            print_fn(
+                f"mismatch in case {done} ({shape.name}, {m.kind}): layer {m.layer} "
+                f"row {m.row}: {m.what}"
+            )
+        if progress:
+            _progress(done + 1, cases, len(total.mismatches), start)
+    print_fn(total.summary())
+    print_fn(f"{total.cases} cases, {len(total.mismatches)} mismatches")
+    return len(total.mismatches)
+
+
+def _kind(gen: StepGenerator, index: int) -> str:
+    """Half the cases uniform decode (the replayed path), the rest spread over other kinds."""
+    kinds = ("decode", "decode", "ragged", "padded", "mixed", "prefill")
+    return kinds[(index // 3) % len(kinds)]

@@ -1,0 +1,253 @@
+"""The replay-correctness harness: random serving steps, and proof that replay == eager.
+
+`StepGenerator` draws random steps of the kinds a serving runtime produces (uniform and
+ragged speculative decode, steps already carrying padding, adaptive verification, mixed
+prefill + decode, pure prefill; short and long contexts) over KV caches filled with random
+MXFP4 keys. `check_replay(runner, cases)` runs each step three ways — eager and unpadded (the
+reference), eager on the padded shape, and through the runner's normal path (replaying a
+captured graph whenever the padded shape was captured) — and reports every real row whose
+top-k set differs. Padding rows must stay -1 and must change nothing a real row reads, which
+the unpadded reference checks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from graphidx.batch import StepBatch
+from graphidx.config import IndexerConfig, cdiv
+from graphidx.mxfp4 import cache_layout, quantize_mxfp4, write_k_cache
+from graphidx.runner import IndexerGraphRunner, IndexerStack, LayerInput
+
+KINDS = ("decode", "ragged", "padded", "mixed", "prefill")
+
+
+@dataclass(frozen=True)
+class StepCase:
+    """One random step: its kind, the batch, and one LayerInput per indexer layer."""
+
+    kind: str
+    batch: StepBatch
+    inputs: tuple[LayerInput, ...]
+
+    @property
+    def num_real_tokens(self) -> int:
+        return int(self.batch.query_start_loc_cpu[-1])
+
+
+def random_kv_cache(
+    config: IndexerConfig, num_pages: int, device: torch.device | str, gen: torch.Generator
+) -> torch.Tensor:
+    """A paged MXFP4 cache (SPEC 4) whose every entry holds a random key."""
+    layout = cache_layout(config.num_heads, config.head_dim, config.page_entries)
+    cache = torch.zeros(num_pages, layout.page_bytes, dtype=torch.uint8, device=device)
+    slots = torch.arange(num_pages * config.page_entries, device=device)
+    keys = torch.randn(slots.numel(), config.head_dim, generator=gen).to(device)
+    write_k_cache(keys, slots, cache, layout)
+    return cache
+
+
+def random_layer_input(
+    config: IndexerConfig, tokens: int, device: torch.device | str, gen: torch.Generator
+) -> LayerInput:
+    """MXFP4 queries (quantized per head) and positive-leaning head weights."""
+    q = torch.randn(tokens, config.num_heads, config.head_dim, generator=gen)
+    values, scales = quantize_mxfp4(q)
+    weights = torch.rand(tokens, config.num_heads, generator=gen) + 0.05
+    return LayerInput(values.to(device), scales.to(device), weights.to(device))
+
+
+class StepGenerator:
+    """Random steps for one config and stack, reading pages `[0, num_pages)`."""
+
+    def __init__(
+        self,
+        config: IndexerConfig,
+        stack: IndexerStack,
+        *,
+        num_pages: int,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        max_context: int | None = None,
+    ) -> None:
+        self.config = config
+        self.stack = stack
+        self.num_pages = num_pages
+        self.device = torch.device(device)
+        self.rng = np.random.default_rng(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.max_context = min(max_context or config.max_model_len, config.max_model_len)
+
+    def kv_caches(self) -> list[torch.Tensor]:
+        """One random cache per layer of the stack."""
+        return [
+            random_kv_cache(self.config, self.num_pages, self.device, self.gen)
+            for _ in range(self.stack.num_layers)
+        ]
+
+    # -- lengths
+    def _context(self, query_len: int) -> int:
+        """A sequence length >= query_len: short or long, uniformly on a log scale."""
+        low = max(query_len, 1)
+        high = max(low, self.max_context)
+        value = int(np.exp(self.rng.uniform(np.log(low), np.log(high + 1))))
+        return int(min(max(value, low), high))
+
+    def _max_reqs(self, rows_each: int) -> int:
+        cfg = self.config
+        return max(1, min(cfg.max_num_seqs, cfg.max_num_batched_tokens // max(rows_each, 1)))
+
+    def _decode_query_lens(self, kind: str) -> list[int]:
+        next_n = self.config.next_n
+        n = int(self.rng.integers(1, self._max_reqs(next_n) + 1))
+        if kind == "ragged":
+            return [int(x) for x in self.rng.integers(0, next_n + 1, size=n)]
+        return [next_n] * n
+
+    def _prefill_query_lens(self, budget: int) -> list[int]:
+        lens: list[int] = []
+        while budget > self.config.next_n and len(lens) < self.config.max_num_seqs:
+            q = int(self.rng.integers(self.config.next_n + 1, min(budget, 256) + 1))
+            lens.append(q)
+            budget -= q
+            if self.rng.random() < 0.4:
+                break
+        return lens
+
+    # -- steps
+    def case(self, kind: str) -> StepCase:
+        """A random step of `kind` (one of KINDS)."""
+        cfg = self.config
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if kind in ("decode", "ragged", "padded"):
+            query_lens = self._decode_query_lens(kind)
+        elif kind == "mixed":
+            query_lens = self._decode_query_lens("ragged")[: cfg.max_num_seqs // 2]
+            room = cfg.max_num_batched_tokens - sum(query_lens)
+            query_lens += self._prefill_query_lens(room)
+        else:
+            query_lens = self._prefill_query_lens(cfg.max_num_batched_tokens)
+        query_lens = query_lens or [cfg.next_n]
+        seq_lens = [self._context(q) for q in query_lens]
+        num_tokens = sum(query_lens)
+        if kind == "padded":
+            # A step the runtime already padded: trailing empty requests and rows.
+            extra_reqs = int(self.rng.integers(0, 3))
+            if len(query_lens) + extra_reqs <= cfg.max_num_seqs:
+                query_lens += [0] * extra_reqs
+                seq_lens += [0] * extra_reqs
+            # Decode rows (padding included) never exceed a full decode batch.
+            limit = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * cfg.next_n)
+            num_tokens = min(limit, num_tokens + int(self.rng.integers(1, 8)))
+        batch = StepBatch.from_lists(
+            cfg,
+            query_lens,
+            seq_lens,
+            self._block_table(seq_lens),
+            num_tokens=num_tokens,
+            num_pages=self.num_pages,
+            device=self.device,
+        )
+        inputs = tuple(
+            random_layer_input(cfg, num_tokens, self.device, self.gen)
+            for _ in range(self.stack.num_layers)
+        )
+        return StepCase(kind, batch, inputs)
+
+    def _block_table(self, seq_lens: list[int]) -> torch.Tensor:
+        """Random (possibly shared) pages for each request's used entries."""
+        cfg = self.config
+        used = [cdiv(s // cfg.compress_ratio, cfg.page_entries) for s in seq_lens]
+        width = max(1, *used)
+        table = np.zeros((len(seq_lens), width), dtype=np.int32)
+        for i, n in enumerate(used):
+            table[i, :n] = self.rng.integers(0, self.num_pages, size=n)
+        return torch.from_numpy(table).to(self.device)
+
+    def cases(self, n: int, kinds: Iterable[str] = KINDS) -> Iterator[StepCase]:
+        """`n` random steps, kinds drawn uniformly from `kinds`."""
+        kinds = tuple(kinds)
+        for _ in range(n):
+            yield self.case(kinds[int(self.rng.integers(0, len(kinds)))])
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    case: int
+    kind: str
+    layer: int
+    row: int
+    what: str
+
+
+@dataclass
+class ReplayReport:
+    """What `check_replay` saw: cases by kind, replays, and every mismatching row."""
+
+    cases: int = 0
+    replayed: int = 0
+    by_kind: Counter[str] = field(default_factory=Counter)
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(self.by_kind.items()))
+        return (
+            f"{self.cases} cases ({kinds}); {self.replayed} replayed; "
+            f"{len(self.mismatches)} mismatches"
+        )
+
+
+def _sorted_rows(topk: torch.Tensor) -> torch.Tensor:
+    return torch.sort(topk.to("cpu", torch.int64), dim=-1).values
+
+
+def _compare(
+    report: ReplayReport, index: int, kind: str, ref: torch.Tensor, got: torch.Tensor, what: str
+) -> None:
+    differs = (_sorted_rows(ref) != _sorted_rows(got)).any(dim=-1)
+    for layer, row in differs.nonzero().tolist():
+        report.mismatches.append(Mismatch(index, kind, layer, row, what))
+
+
+def check_replay(
+    runner: IndexerGraphRunner,
+    cases: Iterable[StepCase],
+    *,
+    on_case: object = None,
+) -> ReplayReport:
+    """Run every case eager-unpadded, eager-padded and normally; compare real rows' top-k.
+
+    A mismatch names the case, layer, row and which comparison failed. Padding rows of the
+    padded runs must hold only -1.
+    """
+    report = ReplayReport()
+    for index, case in enumerate(cases):
+        n = case.num_real_tokens
+        ref = runner.step(case.batch, case.inputs, pad=False).topk.clone()
+        eager = runner.step(case.batch, case.inputs, force_eager=True)
+        eager_topk = eager.topk.clone()
+        normal = runner.step(case.batch, case.inputs)
+        report.cases += 1
+        report.by_kind[case.kind] += 1
+        report.replayed += int(normal.replayed)
+        _compare(report, index, case.kind, ref, eager_topk, "padded eager != unpadded eager")
+        _compare(report, index, case.kind, ref, normal.topk, "replay != unpadded eager")
+        if normal.shape is not None:
+            pad_rows = runner.topk_buffer[:, n : normal.shape.num_tokens]
+            if bool((pad_rows != -1).any()):
+                report.mismatches.append(
+                    Mismatch(index, case.kind, -1, n, "a padding row holds a pick")
+                )
+        if callable(on_case):
+            on_case(index, report)
+    return report
