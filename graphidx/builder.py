@@ -1,0 +1,427 @@
+"""The metadata builders (SPEC 3.5): a step's `StepBatch` in, its `IndexerMetadata` out.
+
+A builder is the `plan()` half of a plan/run split: it runs on the host before the step's
+kernels, checks the configuration once, allocates every per-step buffer once at its maximum
+size, and on each `build()` fills those buffers with device ops and returns views of them.
+`build()` reads host values only (offsets, upper bounds) and never copies a device value back,
+so it can run while the previous step's kernels are still in flight, and a captured graph that
+reads the buffers sees each step's values.
+
+Buffer sizes: rows `config.max_num_batched_tokens`, requests `config.max_num_seqs`, block-table
+columns `config.max_blocks_per_seq`. Views of the row block table are contiguous
+`[rows, max_blocks]` blocks at the buffer's start, `max_blocks` being the batch's block-table
+width: a graph runner keeps that width fixed per captured shape (as it does the batch's).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from graphidx.batch import StepBatch
+from graphidx.config import IndexerConfig, is_power_of_two
+from graphidx.metadata import (
+    DecodeMetadata,
+    GatherLaunch,
+    IndexerMetadata,
+    PrefillChunk,
+    PrefillPlan,
+)
+from graphidx.plan import (
+    build_decode_rows,
+    build_prefill_chunks,
+    native_decode,
+    plan_gather_launches,
+    plan_prefill_chunks,
+    split_decodes_prefills,
+    split_prefill_chunks,
+)
+
+if TYPE_CHECKING:
+    from graphidx.mxfp4.layout import CacheLayout
+
+INT32_MAX = 2**31 - 1
+DECODE_GATHER_FACTOR = 3.0  # decode rows gather from this many pool widths of context
+PREFILL_GATHER_FACTOR = 1.5  # a prefill chunk gathers from this many pool widths of context
+
+
+class _HostStaging:
+    """A host buffer shipped to the device with non-blocking copies.
+
+    On a GPU the buffer is pinned and the copy asynchronous, so before the host rewrites it the
+    previous copy must have landed: `writable()` waits on the event recorded after that copy
+    (normally long complete; this is a wait on a copy, never a device-to-host transfer).
+    """
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        pin = device.type == "cuda"
+        self.tensor = torch.empty(size, dtype=torch.int32, pin_memory=pin)
+        self._event: torch.cuda.Event | None = None
+        self._cuda = pin
+
+    def writable(self) -> torch.Tensor:
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        return self.tensor
+
+    def shipped(self) -> None:
+        if self._cuda:
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+
+def _normalized(device: torch.device | str) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+class IndexerMetadataBuilder:
+    """The dense paged indexer's builder.
+
+    `config`: the model's `IndexerConfig`; `device`: where the persistent buffers live (the
+    batches' device tensors must be there too); `num_pages`: the KV cache's page count, when
+    known (a batch validated against another cache size is refused).
+    Raises `ValueError` at construction for a configuration the cache layout cannot serve.
+    """
+
+    def __init__(
+        self,
+        config: IndexerConfig,
+        device: torch.device | str,
+        *,
+        num_pages: int | None = None,
+    ) -> None:
+        if not isinstance(config, IndexerConfig):
+            raise ValueError(f"config must be an IndexerConfig, got {type(config).__name__}")
+        if num_pages is not None and (
+            not isinstance(num_pages, int) or isinstance(num_pages, bool) or num_pages <= 0
+        ):
+            raise ValueError(f"num_pages must be a positive int or None, got {num_pages!r}")
+        self.config = config
+        self.device = _normalized(device)
+        self.num_pages = num_pages
+        self.layout = self._check_config()
+        self.min_gather_width: int | None = None
+        self._allocate()
+
+    # Construction.
+    def _check_config(self) -> CacheLayout:
+        """Refuse configurations the cache layout cannot tile; returns the layout."""
+        # Imported here: the layout belongs to the cache format, which planning never needs
+        # at import time.
+        from graphidx.mxfp4.layout import cache_layout
+
+        config = self.config
+        try:
+            return cache_layout(config.num_heads, config.head_dim, config.page_entries)
+        except ValueError as error:
+            raise ValueError(
+                f"block_size = {config.block_size} (page_entries = {config.page_entries} at "
+                f"compress_ratio = {config.compress_ratio}) cannot be tiled by the MXFP4 "
+                f"cache layout for num_heads = {config.num_heads}, head_dim = "
+                f"{config.head_dim}: {error}"
+            ) from error
+
+    def _allocate(self) -> None:
+        config = self.config
+        rows = config.max_num_batched_tokens
+        reqs = config.max_num_seqs
+        cols = config.max_blocks_per_seq
+
+        def buffer(size: int | tuple[int, ...], dtype: torch.dtype = torch.int32) -> torch.Tensor:
+            return torch.empty(size, dtype=dtype, device=self.device)
+
+        self._buffers: dict[str, torch.Tensor] = {
+            "row_lens": buffer(rows),
+            "row_block_table": buffer((rows, cols)),
+            "context_lens": buffer(reqs),
+            "cu_seqlen_ks": buffer(rows),
+            "cu_seqlen_ke": buffer(rows),
+            "prefill_row_ends": buffer(rows),
+            # Each kept chunk holds num_reqs + 1 offsets: every prefill request lies in one
+            # single-launch group, and only single-request groups are cut into several chunks.
+            "chunk_query_start_loc": buffer(reqs + rows),
+            "context_cumsum": buffer(reqs + 1, torch.int64),
+            "decode_row_index": buffer(2 * rows),
+            "prefill_row_index": buffer(3 * rows),
+            "prefill_cumsum_pairs": buffer(2 * rows, torch.int64),
+            "gather_row_ends": buffer(rows),
+        }
+        if config.has_candidates:
+            self._buffers["block_ends"] = buffer(rows)
+            self._buffers["prefill_block_ends"] = buffer(rows)
+        self._decode_staging = _HostStaging(2 * rows, self.device)
+        self._prefill_staging = _HostStaging(3 * rows, self.device)
+        self._row_table_flat = self._buffers["row_block_table"].view(-1)
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """Every persistent device buffer by name; addresses never change across builds."""
+        return dict(self._buffers)
+
+    # Hooks for subclasses and later features.
+    def _build_schedule(self, decode: DecodeMetadata) -> torch.Tensor | None:
+        """The device-built decode work schedule; None means the static grid (for now)."""
+        return None
+
+    def _gather_plan(
+        self,
+        batch: StepBatch,
+        num_decodes: int,
+        chunks: list[PrefillChunk],
+        plans: list[PrefillPlan],
+    ) -> tuple[bool, tuple[GatherLaunch, ...]]:
+        """`(decode_use_gather, gather_launches)`; the dense indexer never gathers."""
+        return False, ()
+
+    # The step.
+    def _check_batch(self, batch: StepBatch) -> None:
+        """O(1) checks that keep every write inside the buffers, even with validate=False."""
+        config = self.config
+        if batch.config is not config and batch.config != config:
+            raise ValueError("batch.config differs from the builder's config")
+        if batch.num_reqs > config.max_num_seqs:
+            raise ValueError(
+                f"batch.num_reqs = {batch.num_reqs} exceeds config.max_num_seqs = "
+                f"{config.max_num_seqs}"
+            )
+        if batch.num_tokens > config.max_num_batched_tokens:
+            raise ValueError(
+                f"batch.num_tokens = {batch.num_tokens} exceeds config.max_num_batched_tokens "
+                f"= {config.max_num_batched_tokens}"
+            )
+        if batch.block_table.shape[1] > config.max_blocks_per_seq:
+            raise ValueError(
+                f"batch.block_table has {batch.block_table.shape[1]} columns, more than "
+                f"config.max_blocks_per_seq = {config.max_blocks_per_seq}"
+            )
+        if batch.device != self.device:
+            raise ValueError(f"batch is on {batch.device} but the builder is on {self.device}")
+        if (
+            self.num_pages is not None
+            and batch.num_pages is not None
+            and batch.num_pages != self.num_pages
+        ):
+            raise ValueError(
+                f"batch.num_pages = {batch.num_pages} but the builder's cache has "
+                f"{self.num_pages} pages"
+            )
+
+    def build(self, batch: StepBatch) -> IndexerMetadata:
+        """Fill the persistent buffers for `batch` and return the step's metadata (SPEC 3.5).
+
+        Returns the split counts; decode rows (a pure-decode step's rows run to
+        `batch.num_tokens`, so graph padding rows are decode rows; with prefills present the
+        decode rows are the decode requests' real rows) with `native` (next_n forced to 1
+        under adaptive verification) and `schedule`; prefill chunks and plans; and
+        `context_lens = seq_lens // R`. All tensors are views of the persistent buffers, valid
+        until the next `build()`. No device-to-host copy; host work proportional to requests
+        and rows, never to context length.
+        """
+        self._check_batch(batch)
+        config = self.config
+        buffers = self._buffers
+        num_reqs = batch.num_reqs
+        qsl_cpu = batch.query_start_loc_cpu
+        qsl = qsl_cpu.numpy()
+        query_lens = np.diff(qsl)
+        num_decodes, num_decode_tokens, num_prefills, num_prefill_tokens = split_decodes_prefills(
+            query_lens, config.next_n
+        )
+
+        context_lens = buffers["context_lens"][:num_reqs]
+        if config.compress_ratio > 1:
+            torch.div(
+                batch.seq_lens, config.compress_ratio, rounding_mode="floor", out=context_lens
+            )
+        else:
+            context_lens.copy_(batch.seq_lens)
+
+        decode_rows = num_decode_tokens if num_prefills else batch.num_tokens
+        decode = None
+        if decode_rows:
+            rows = build_decode_rows(
+                qsl_cpu,
+                batch.seq_lens,
+                batch.block_table,
+                num_decodes,
+                decode_rows,
+                config.compress_ratio,
+                config.candidate_block_size,
+                row_lens_out=buffers["row_lens"],
+                row_block_table_out=self._row_table_flat,
+                block_ends_out=buffers.get("block_ends"),
+                index_staging=self._decode_staging.writable(),
+                index_scratch=buffers["decode_row_index"],
+            )
+            self._decode_staging.shipped()
+            next_n = 1 if config.adaptive_verification else config.next_n
+            decode = DecodeMetadata(
+                row_lens=rows.row_lens,
+                block_table=rows.block_table,
+                block_ends=rows.block_ends,
+                native=native_decode(
+                    rows.row_lens, rows.block_table, query_lens[:num_decodes], next_n, context_lens
+                ),
+            )
+            schedule = self._build_schedule(decode)
+            if schedule is not None:
+                decode = DecodeMetadata(
+                    row_lens=decode.row_lens,
+                    block_table=decode.block_table,
+                    block_ends=decode.block_ends,
+                    native=decode.native,
+                    schedule=schedule,
+                )
+
+        chunks: list[PrefillChunk] = []
+        plans: list[PrefillPlan] = []
+        if num_prefills:
+            upper = batch.seq_lens_upper_bound.numpy()
+            splits = split_prefill_chunks(
+                upper[num_decodes:] // config.compress_ratio,
+                query_lens[num_decodes:],
+                config.max_logits_bytes,
+                request_offset=num_decodes,
+            )
+            chunks = build_prefill_chunks(
+                splits,
+                int(qsl[num_decodes]),
+                qsl_cpu,
+                batch.seq_lens_upper_bound,
+                batch.seq_lens,
+                batch.block_table,
+                context_lens,
+                config.compress_ratio,
+                cu_seqlen_ks_out=buffers["cu_seqlen_ks"],
+                cu_seqlen_ke_out=buffers["cu_seqlen_ke"],
+                context_cumsum_out=buffers["context_cumsum"],
+                index_staging=self._prefill_staging.writable(),
+                index_scratch=buffers["prefill_row_index"],
+                cumsum_scratch=buffers["prefill_cumsum_pairs"],
+            )
+            self._prefill_staging.shipped()
+            plans = plan_prefill_chunks(
+                chunks,
+                qsl,
+                upper,
+                context_lens,
+                config.compress_ratio,
+                config.candidate_block_size,
+                self.min_gather_width,
+                batch.query_start_loc,
+                query_start_loc_out=buffers["chunk_query_start_loc"],
+                row_ends_out=buffers["prefill_row_ends"],
+                block_ends_out=buffers.get("prefill_block_ends"),
+            )
+
+        decode_use_gather, gather_launches = self._gather_plan(batch, num_decodes, chunks, plans)
+        return IndexerMetadata(
+            num_reqs=num_reqs,
+            num_tokens=batch.num_tokens,
+            num_decodes=num_decodes,
+            num_decode_tokens=decode_rows,
+            num_prefills=num_prefills,
+            num_prefill_tokens=num_prefill_tokens,
+            context_lens=context_lens,
+            decode=decode,
+            chunks=tuple(chunks),
+            plans=tuple(plans),
+            decode_use_gather=decode_use_gather,
+            gather_launches=gather_launches,
+        )
+
+
+class CandidateIndexerMetadataBuilder(IndexerMetadataBuilder):
+    """The two-level indexer's builder (DeepSeek-V4.1): the dense plan plus the gather gates.
+
+    With `config.sparse_logits` it validates the candidate configuration and sets
+    `num_candidate_cols`, `rows_per_launch` (the consumers' prefill rows per launch,
+    `max(1, min(max_logits_bytes, 2**31 - 1) // (4 * num_candidate_cols))`) and the gates:
+    decode rows gather when the step's widest decode context (upper bound // R) is at least
+    3.0x `num_candidate_cols`, or always with `full_graph_decode` (a FULL graph cannot follow a
+    per-step gate); a prefill chunk gathers when its width is at least 1.5x, i.e.
+    `min_gather_width = ceil(1.5 * num_candidate_cols)` (widths are integers, so the ceiling
+    is the same gate). Without sparse_logits nothing gathers.
+    """
+
+    def __init__(
+        self,
+        config: IndexerConfig,
+        device: torch.device | str,
+        *,
+        num_pages: int | None = None,
+        full_graph_decode: bool = False,
+    ) -> None:
+        self.full_graph_decode = bool(full_graph_decode)
+        super().__init__(config, device, num_pages=num_pages)
+        self.num_candidate_cols = config.num_candidate_cols if config.sparse_logits else 0
+        self.rows_per_launch = 0
+        self.decode_gather_width = 0
+        if config.sparse_logits:
+            cols = self.num_candidate_cols
+            self.rows_per_launch = max(1, min(config.max_logits_bytes, INT32_MAX) // (4 * cols))
+            self.min_gather_width = math.ceil(PREFILL_GATHER_FACTOR * cols)
+            self.decode_gather_width = math.ceil(DECODE_GATHER_FACTOR * cols)
+
+    def _check_config(self) -> CacheLayout:
+        layout = super()._check_config()
+        config = self.config
+        if not config.sparse_logits:
+            if self.full_graph_decode:
+                raise ValueError(
+                    "full_graph_decode=True needs sparse_logits=True: without candidate "
+                    "consumers nothing gathers"
+                )
+            return layout
+        c = config.candidate_block_size
+        if c <= 0 or config.candidate_topk_blocks <= 0:
+            raise ValueError(
+                "sparse_logits=True needs candidate blocks: candidate_block_size = "
+                f"{c}, candidate_topk_blocks = {config.candidate_topk_blocks}"
+            )
+        if not is_power_of_two(config.candidate_topk_blocks):
+            raise ValueError(
+                f"candidate_topk_blocks must be a power of two, got {config.candidate_topk_blocks}"
+            )
+        if config.page_entries % c:
+            raise ValueError(
+                f"candidate_block_size = {c} must divide page_entries = {config.page_entries} "
+                f"(block_size {config.block_size} // compress_ratio {config.compress_ratio})"
+            )
+        if c > layout.n_per_tile or layout.n_per_tile % c:
+            raise ValueError(
+                f"candidate_block_size = {c} must divide the cache layout's n_per_tile = "
+                f"{layout.n_per_tile} (one candidate block within one tile)"
+            )
+        return layout
+
+    def _gather_plan(
+        self,
+        batch: StepBatch,
+        num_decodes: int,
+        chunks: list[PrefillChunk],
+        plans: list[PrefillPlan],
+    ) -> tuple[bool, tuple[GatherLaunch, ...]]:
+        if not self.config.sparse_logits:
+            return False, ()
+        decode_use_gather = self.full_graph_decode
+        if not decode_use_gather and num_decodes:
+            widest = int(batch.seq_lens_upper_bound.numpy()[:num_decodes].max())
+            decode_use_gather = widest // self.config.compress_ratio >= self.decode_gather_width
+        launches: tuple[GatherLaunch, ...] = ()
+        if plans:
+            launches = tuple(
+                plan_gather_launches(
+                    chunks,
+                    plans,
+                    self.rows_per_launch,
+                    row_ends_out=self._buffers["gather_row_ends"],
+                )
+            )
+        return decode_use_gather, launches

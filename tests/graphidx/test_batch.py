@@ -1,0 +1,291 @@
+"""StepBatch: construction, the convenience constructor, and every validation rule (SPEC 3.1)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from graphidx.batch import StepBatch
+from graphidx.config import IndexerConfig
+
+CONFIG = IndexerConfig(
+    num_heads=32,
+    compress_ratio=2,
+    block_size=64,  # 32 entries per page
+    max_model_len=4096,
+    num_speculative_tokens=1,
+    max_num_seqs=8,
+    max_num_batched_tokens=256,
+)
+
+
+def _parts(**overrides: Any) -> dict[str, Any]:
+    """A valid batch's constructor arguments: decodes [2, 1], prefill 40, padding request."""
+    query_lens = [2, 1, 40, 0]
+    seq_lens = [130, 64, 1000, 0]
+    base = StepBatch.from_lists(CONFIG, query_lens, seq_lens, num_pages=64)
+    parts: dict[str, Any] = dict(
+        query_start_loc_cpu=base.query_start_loc_cpu.clone(),
+        seq_lens_upper_bound=base.seq_lens_upper_bound.clone(),
+        query_start_loc=base.query_start_loc.clone(),
+        seq_lens=base.seq_lens.clone(),
+        block_table=base.block_table.clone(),
+        config=CONFIG,
+        num_tokens=48,
+        num_pages=64,
+    )
+    parts.update(overrides)
+    return parts
+
+
+def _make(parts: dict[str, Any], validate: bool = True) -> StepBatch:
+    p = dict(parts)
+    return StepBatch(
+        p.pop("query_start_loc_cpu"),
+        p.pop("seq_lens_upper_bound"),
+        p.pop("query_start_loc"),
+        p.pop("seq_lens"),
+        p.pop("block_table"),
+        validate=validate,
+        **p,
+    )
+
+
+def test_from_lists_allocates_consecutive_pages_and_defaults() -> None:
+    # Contexts 65, 32, 500, 0 entries -> pages 3, 1, 16, 0.
+    batch = StepBatch.from_lists(CONFIG, [2, 1, 40, 0], [130, 64, 1000, 0])
+    assert batch.num_reqs == 4
+    assert batch.num_tokens == 43
+    assert batch.device == torch.device("cpu")
+    assert batch.query_start_loc_cpu.tolist() == [0, 2, 3, 43, 43]
+    assert batch.query_lens_cpu.tolist() == [2, 1, 40, 0]
+    assert batch.query_lens_cpu.dtype == torch.int32
+    assert batch.seq_lens_upper_bound.tolist() == [130, 64, 1000, 0]
+    table = batch.block_table
+    assert table.dtype == torch.int32 and table.shape == (4, 16)
+    assert table[0].tolist() == [0, 1, 2] + [0] * 13
+    assert table[1].tolist() == [3] + [0] * 15
+    assert table[2].tolist() == list(range(4, 20))
+    assert table[3].tolist() == [0] * 16
+    for name in ("query_start_loc", "seq_lens", "block_table"):
+        assert getattr(batch, name).dtype == torch.int32
+
+
+def test_from_lists_passes_options_through() -> None:
+    table = torch.arange(40, dtype=torch.int32).reshape(2, 20)
+    batch = StepBatch.from_lists(
+        CONFIG,
+        [1, 2],
+        [10, 600],
+        table,
+        num_tokens=8,
+        num_pages=40,
+        seq_lens_upper_bound=[12, 601],
+    )
+    assert batch.num_tokens == 8
+    assert batch.num_pages == 40
+    assert batch.seq_lens_upper_bound.tolist() == [12, 601]
+    assert torch.equal(batch.block_table, table)
+
+
+def test_from_lists_rejects_mismatched_lists() -> None:
+    with pytest.raises(ValueError, match="query_lens has 2 requests but seq_lens has 3"):
+        StepBatch.from_lists(CONFIG, [1, 1], [3, 4, 5])
+
+
+def test_empty_batch() -> None:
+    batch = StepBatch.from_lists(CONFIG, [], [], num_tokens=4)
+    assert batch.num_reqs == 0 and batch.num_tokens == 4
+    assert batch.block_table.shape == (0, 1)
+
+
+def test_batch_is_frozen() -> None:
+    batch = _make(_parts())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        batch.num_tokens = 3  # type: ignore[misc]
+
+
+def test_validate_false_skips_every_check() -> None:
+    parts = _parts(seq_lens=torch.tensor([-5, 1, 2, 3], dtype=torch.int32), num_tokens=None)
+    batch = _make(parts, validate=False)
+    assert batch.num_tokens == 43
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = -5 is negative"):
+        _make(parts)
+
+
+def _set(name: str, index: tuple[int, ...] | int, value: int) -> Callable[[dict], None]:
+    def mutate(parts: dict) -> None:
+        tensor = parts[name]
+        tensor[index] = value
+
+    return mutate
+
+
+def _replace(**changes: Any) -> Callable[[dict], None]:
+    def mutate(parts: dict) -> None:
+        parts.update(changes)
+
+    return mutate
+
+
+def _both_qsl(index: int, value: int) -> Callable[[dict], None]:
+    def mutate(parts: dict) -> None:
+        parts["query_start_loc_cpu"][index] = value
+        parts["query_start_loc"][index] = value
+
+    return mutate
+
+
+I64 = torch.int64
+BAD_CASES: list[tuple[str, Callable[[dict], None], str]] = [
+    (
+        "dtype",
+        lambda p: p.update(seq_lens=p["seq_lens"].to(I64)),
+        r"seq_lens must be int32, got torch.int64",
+    ),
+    (
+        "host dtype",
+        lambda p: p.update(query_start_loc_cpu=p["query_start_loc_cpu"].to(I64)),
+        r"query_start_loc_cpu must be int32",
+    ),
+    (
+        "not a tensor",
+        _replace(block_table=[[0, 1]]),
+        r"block_table must be a torch.Tensor, got list",
+    ),
+    (
+        "host on device",
+        lambda p: p.update(seq_lens_upper_bound=p["seq_lens_upper_bound"].to("meta")),
+        r"seq_lens_upper_bound is a host tensor and must be on the CPU, got device meta",
+    ),
+    (
+        "devices differ",
+        lambda p: p.update(block_table=p["block_table"].to("meta")),
+        r"block_table is on meta but query_start_loc is on cpu",
+    ),
+    (
+        "qsl shape",
+        lambda p: p.update(query_start_loc_cpu=p["query_start_loc_cpu"].reshape(1, 5)),
+        r"query_start_loc_cpu must have shape \[num_reqs \+ 1\], got \(1, 5\)",
+    ),
+    (
+        "seq_lens shape",
+        lambda p: p.update(seq_lens=p["seq_lens"][:3]),
+        r"seq_lens must have shape \[4\] \(num_reqs = 4\), got \(3,\)",
+    ),
+    (
+        "upper bound shape",
+        lambda p: p.update(seq_lens_upper_bound=p["seq_lens_upper_bound"][:2]),
+        r"seq_lens_upper_bound must have shape \[4\]",
+    ),
+    (
+        "device qsl shape",
+        lambda p: p.update(query_start_loc=p["query_start_loc"][:4]),
+        r"query_start_loc must have shape \[5\]",
+    ),
+    (
+        "block table rows",
+        lambda p: p.update(block_table=p["block_table"][:3]),
+        r"block_table must have shape \[num_reqs = 4, max_blocks\], got \(3, 16\)",
+    ),
+    (
+        "too many requests",
+        _replace(config=CONFIG.replace(max_num_seqs=3)),
+        r"num_reqs = 4 exceeds config.max_num_seqs = 3",
+    ),
+    ("num_tokens type", _replace(num_tokens=4.0), r"num_tokens must be an int or None, got 4.0"),
+    ("num_pages", _replace(num_pages=0), r"num_pages must be a positive int or None, got 0"),
+    ("qsl start", _both_qsl(0, 1), r"query_start_loc_cpu\[0\] must be 0, got 1"),
+    (
+        "qsl decreasing",
+        _both_qsl(2, 1),
+        r"non-decreasing: request 1 has query_start_loc_cpu\[1\] = 2 > "
+        r"query_start_loc_cpu\[2\] = 1",
+    ),
+    ("num_tokens low", _replace(num_tokens=42), r"num_tokens = 42 is below query_start_loc_cpu"),
+    (
+        "num_tokens high",
+        _replace(num_tokens=257),
+        r"num_tokens = 257 exceeds config.max_num_batched_tokens = 256",
+    ),
+    (
+        "device qsl differs",
+        _set("query_start_loc", 2, 4),
+        r"query_start_loc\[2\] = 4 differs from query_start_loc_cpu\[2\] = 3",
+    ),
+    ("negative seq_len", _set("seq_lens", 3, -2), r"seq_lens\[3\] = -2 is negative \(request 3\)"),
+    (
+        "seq_len below query",
+        _set("seq_lens", 2, 39),
+        r"seq_lens\[2\] = 39 is shorter than request 2's query length 40",
+    ),
+    (
+        "seq_len above max_model_len",
+        _set("seq_lens", 1, 4097),
+        r"seq_lens\[1\] = 4097 exceeds config.max_model_len = 4096 \(request 1\)",
+    ),
+    (
+        "upper bound low",
+        _set("seq_lens_upper_bound", 2, 999),
+        r"seq_lens_upper_bound\[2\] = 999 is below seq_lens\[2\] = 1000 \(request 2\)",
+    ),
+    (
+        "upper bound above max_model_len",
+        _set("seq_lens_upper_bound", 0, 5000),
+        r"seq_lens_upper_bound\[0\] = 5000 exceeds config.max_model_len",
+    ),
+    (
+        "too few block-table columns",
+        lambda p: p.update(block_table=p["block_table"][:, :15].contiguous()),
+        r"block_table has 15 columns but request 2 \(seq_lens\[2\] = 1000\) uses 16 pages",
+    ),
+    (
+        "page id too large",
+        _set("block_table", (2, 15), 64),
+        r"block_table\[2, 15\] = 64 is outside \[0, num_pages = 64\) \(request 2 uses 16 pages\)",
+    ),
+    (
+        "page id negative",
+        _set("block_table", (0, 2), -1),
+        r"block_table\[0, 2\] = -1 is outside \[0, num_pages = 64\)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"), [c[1:] for c in BAD_CASES], ids=[c[0] for c in BAD_CASES]
+)
+def test_validation_rule(mutate: Callable[[dict], None], message: str) -> None:
+    parts = _parts()
+    _make(parts)  # the unmodified batch is valid
+    mutate(parts)
+    with pytest.raises(ValueError, match=message):
+        _make(parts)
+
+
+def test_unused_block_table_entries_are_not_checked() -> None:
+    parts = _parts()
+    parts["block_table"][1, 1:] = -7  # request 1 uses only its first page
+    parts["block_table"][3, :] = 999  # request 3 has no context
+    batch = _make(parts)
+    assert batch.block_table[1, 1] == -7
+
+
+def test_page_ids_unchecked_without_num_pages() -> None:
+    parts = _parts(num_pages=None)
+    parts["block_table"][2, 3] = 10**6
+    assert _make(parts).num_pages is None
+
+
+def test_graph_padding_rows_allowed() -> None:
+    batch = _make(_parts(num_tokens=256))
+    assert batch.num_tokens == 256
+
+
+def test_repr_is_short() -> None:
+    text = repr(_make(_parts()))
+    assert "num_reqs=4" in text and "num_tokens=48" in text and "(4, 16)" in text
