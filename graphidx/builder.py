@@ -86,7 +86,9 @@ class IndexerMetadataBuilder:
 
     `config`: the model's `IndexerConfig`; `device`: where the persistent buffers live (the
     batches' device tensors must be there too); `num_pages`: the KV cache's page count, when
-    known (a batch validated against another cache size is refused).
+    known (a batch validated against another cache size is refused); `full_graph_decode`:
+    the decode metadata will be replayed from a FULL graph, so every decode decision must
+    depend on the step's shape alone (decode logits span the whole `logits_width`).
     Raises `ValueError` at construction for a configuration the cache layout cannot serve.
     """
 
@@ -96,6 +98,7 @@ class IndexerMetadataBuilder:
         device: torch.device | str,
         *,
         num_pages: int | None = None,
+        full_graph_decode: bool = False,
     ) -> None:
         if not isinstance(config, IndexerConfig):
             raise ValueError(f"config must be an IndexerConfig, got {type(config).__name__}")
@@ -104,6 +107,7 @@ class IndexerMetadataBuilder:
         ):
             raise ValueError(f"num_pages must be a positive int or None, got {num_pages!r}")
         self.config = config
+        self.full_graph_decode = bool(full_graph_decode)
         self.device = _normalized(device)
         self.num_pages = num_pages
         self.layout = self._check_config()
@@ -163,6 +167,16 @@ class IndexerMetadataBuilder:
     def buffers(self) -> dict[str, torch.Tensor]:
         """Every persistent device buffer by name; addresses never change across builds."""
         return dict(self._buffers)
+
+    def _decode_width(self, batch: StepBatch, num_decodes: int) -> int | None:
+        """Decode logits columns: None (all of `logits_width`) under a FULL graph, else the
+        step's widest decode context from the host upper bounds (a value-dependent choice
+        that only an eager step may make)."""
+        if self.full_graph_decode:
+            return None
+        upper = batch.seq_lens_upper_bound.numpy()[:num_decodes]
+        widest = int(upper.max()) // self.config.compress_ratio if num_decodes else 0
+        return max(1, widest)
 
     # Hooks for subclasses and later features.
     def _build_schedule(self, decode: DecodeMetadata) -> torch.Tensor | None:
@@ -268,6 +282,7 @@ class IndexerMetadataBuilder:
                 native=native_decode(
                     rows.row_lens, rows.block_table, query_lens[:num_decodes], next_n, context_lens
                 ),
+                width=self._decode_width(batch, num_decodes),
             )
             schedule = self._build_schedule(decode)
             if schedule is not None:
@@ -277,6 +292,7 @@ class IndexerMetadataBuilder:
                     block_ends=decode.block_ends,
                     native=decode.native,
                     schedule=schedule,
+                    width=decode.width,
                 )
 
         chunks: list[PrefillChunk] = []
@@ -358,8 +374,9 @@ class CandidateIndexerMetadataBuilder(IndexerMetadataBuilder):
         num_pages: int | None = None,
         full_graph_decode: bool = False,
     ) -> None:
-        self.full_graph_decode = bool(full_graph_decode)
-        super().__init__(config, device, num_pages=num_pages)
+        super().__init__(
+            config, device, num_pages=num_pages, full_graph_decode=full_graph_decode
+        )
         self.num_candidate_cols = config.num_candidate_cols if config.sparse_logits else 0
         self.rows_per_launch = 0
         self.decode_gather_width = 0
@@ -373,11 +390,6 @@ class CandidateIndexerMetadataBuilder(IndexerMetadataBuilder):
         layout = super()._check_config()
         config = self.config
         if not config.sparse_logits:
-            if self.full_graph_decode:
-                raise ValueError(
-                    "full_graph_decode=True needs sparse_logits=True: without candidate "
-                    "consumers nothing gathers"
-                )
             return layout
         c = config.candidate_block_size
         if c <= 0 or config.candidate_topk_blocks <= 0:

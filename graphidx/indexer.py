@@ -116,7 +116,7 @@ def dense_indexer(
     decode = metadata.decode
     if decode is not None and decode.num_rows:
         rows = decode.num_rows
-        logits = workspace.decode_logits_view(rows)
+        logits = workspace.decode_logits_view(rows, decode.width)
         block_scores = None
         if candidate_source:
             block_scores = workspace.block_scores_view(rows, logits.shape[1])
@@ -246,7 +246,7 @@ def candidate_consumer(
             topk_per_row(compact, live, k, compact_topk, backend=backend)
             remap_compact_topk(compact_topk, positions, size, topk_indices[:rows], backend=backend)
         else:
-            logits = workspace.decode_logits_view(rows)
+            logits = workspace.decode_logits_view(rows, decode.width)
             paged_mqa_logits(
                 q[:rows],
                 q_scale[:rows],

@@ -99,7 +99,11 @@ class DecodeMetadata:
     `row_lens`: int32 `[rows]`, each row's end (0 for padding rows); `block_table`: int32
     `[rows, max_blocks]`, the row's request's block-table row (zeros for padding rows);
     `block_ends`: `ceil(row_lens / C)` when candidate blocks are on; `native`: see
-    `NativeDecode`; `schedule`: the device-built work schedule, or None for the static grid.
+    `NativeDecode`; `schedule`: the device-built work schedule, or None for the static grid;
+    `width`: the decode logits columns the layers score — None means the config's full
+    `logits_width`, which is what a FULL graph must use (it is replayed for any context); an
+    eager builder narrows it to the step's widest row end so that the kernels' grids and the
+    top-k shrink with the step.
     """
 
     row_lens: torch.Tensor
@@ -107,6 +111,7 @@ class DecodeMetadata:
     block_ends: torch.Tensor | None = None
     native: NativeDecode | None = None
     schedule: torch.Tensor | None = None
+    width: int | None = None
 
     @property
     def num_rows(self) -> int:

@@ -157,7 +157,9 @@ class IndexerGraphRunner:
                 config, self.device, num_pages=self.num_pages, full_graph_decode=True
             )
         else:
-            self.builder = IndexerMetadataBuilder(config, self.device, num_pages=self.num_pages)
+            self.builder = IndexerMetadataBuilder(
+                config, self.device, num_pages=self.num_pages, full_graph_decode=True
+            )
         self.workspace = IndexerWorkspace(config, self.device)
         self.buffers = self._allocate_inputs()
         self.graphs = GraphCache(get_backend(graph_backend), buffers=self.buffers)

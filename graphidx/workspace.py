@@ -117,10 +117,14 @@ class IndexerWorkspace:
         return sum(t.numel() * t.element_size() for t in self.buffers().values())
 
     # Views. Each raises ValueError when the request exceeds what the config sized for.
-    def decode_logits_view(self, rows: int) -> torch.Tensor:
-        """float32 `[rows, logits_width]`."""
+    def decode_logits_view(self, rows: int, width: int | None = None) -> torch.Tensor:
+        """float32 `[rows, width]` (contiguous; `width` None means `logits_width`)."""
         self._check_rows("decode rows", rows, self.decode_rows)
-        return self.decode_logits[:rows]
+        full = self.config.logits_width
+        width = full if width is None else width
+        if not 0 < width <= full:
+            raise ValueError(f"decode width = {width} must be in [1, logits_width = {full}]")
+        return self.decode_logits.view(-1)[: rows * width].view(rows, width)
 
     def prefill_logits_view(self, rows: int, width: int) -> torch.Tensor:
         """float32 `[rows, width]` over the flat prefill buffer."""

@@ -171,12 +171,6 @@ def _without_candidates(config: IndexerConfig) -> IndexerConfig:
             r"sparse_logits=True needs candidate blocks: candidate_block_size = 0",
         ),
         (
-            CandidateIndexerMetadataBuilder,
-            IndexerConfig(num_heads=32),
-            {"full_graph_decode": True},
-            r"full_graph_decode=True needs sparse_logits=True",
-        ),
-        (
             IndexerMetadataBuilder,
             IndexerConfig.cpu_demo(),
             {"num_pages": 0},
@@ -529,3 +523,17 @@ def test_numpy_inputs_untouched(gen: torch.Generator) -> None:
     )
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert np.array_equal(batch.query_lens_cpu.numpy(), [2, 1, 50])
+
+
+def test_decode_width_is_shape_only_under_full_graph(gen: torch.Generator) -> None:
+    """Eager steps narrow the decode logits to the widest row; a FULL graph never does."""
+    config = IndexerConfig.cpu_demo(compress_ratio=2, block_size=128)
+    batch = _batch(config, [2, 2], [40, 301], gen)
+    eager = IndexerMetadataBuilder(config, "cpu").build(batch)
+    assert eager.decode is not None and eager.decode.width == 301 // 2
+    for builder in (
+        IndexerMetadataBuilder(config, "cpu", full_graph_decode=True),
+        CandidateIndexerMetadataBuilder(config, "cpu", full_graph_decode=True),
+    ):
+        meta = builder.build(batch)
+        assert meta.decode is not None and meta.decode.width is None

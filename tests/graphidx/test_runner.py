@@ -1,0 +1,147 @@
+"""IndexerGraphRunner on the tape backend: padding, replay vs eager, and a planted bug."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from capture import CaptureSizes, StepShape
+from graphidx.builder import CandidateIndexerMetadataBuilder
+from graphidx.config import IndexerConfig
+from graphidx.replay_check import run_replay_check
+from graphidx.runner import IndexerGraphRunner, IndexerStack
+from graphidx.testing import StepGenerator, check_replay
+
+CONFIG = IndexerConfig.cpu_demo(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=2048)
+STACK = IndexerStack(candidate_source=True, consumers=2)
+
+
+def _setup(seed: int = 0, **runner_kw: object) -> tuple[IndexerGraphRunner, StepGenerator]:
+    gen = StepGenerator(CONFIG, STACK, num_pages=96, seed=seed, max_context=1500)
+    runner = IndexerGraphRunner(
+        CONFIG,
+        STACK,
+        gen.kv_caches(),
+        "cpu",
+        graph_backend="tape",
+        capture_sizes=CaptureSizes(max_size=16, uniform_query_len=CONFIG.next_n),
+        **runner_kw,  # type: ignore[arg-type]
+    )
+    runner.capture()
+    return runner, gen
+
+
+def test_uniform_decode_is_padded_and_replayed() -> None:
+    runner, gen = _setup()
+    case = gen.case("decode")
+    while case.batch.num_reqs * CONFIG.next_n > 16 or case.batch.num_reqs == 4:
+        case = gen.case("decode")
+    result = runner.step(case.batch, case.inputs)
+    assert result.replayed
+    assert result.shape is not None and result.shape.uniform_query_len == CONFIG.next_n
+    assert result.shape.num_tokens >= case.num_real_tokens
+    assert result.padded_tokens == result.shape.num_tokens - case.num_real_tokens
+    assert runner.counters.replayed == 1
+    # Real rows see only their own context; padding rows stay empty.
+    topk = result.topk
+    assert topk.shape == (STACK.num_layers, case.num_real_tokens, CONFIG.topk_tokens)
+    pad = runner.topk_buffer[:, case.num_real_tokens : result.shape.num_tokens]
+    assert bool((pad == -1).all())
+
+
+def test_other_steps_run_eagerly_with_a_reason() -> None:
+    runner, gen = _setup(seed=1)
+    result = runner.step(gen.case("mixed").batch, gen.case("mixed").inputs) if False else None
+    case = gen.case("prefill")
+    result = runner.step(case.batch, case.inputs)
+    assert not result.replayed and result.eager_reason == "not a uniform decode step"
+    assert runner.graphs.stats().eager_fallbacks.get("not a uniform decode step") == 1
+
+
+def test_replay_equals_eager_on_random_steps() -> None:
+    runner, gen = _setup(seed=2)
+    report = check_replay(runner, gen.cases(40))
+    assert report.ok, report.mismatches[:5]
+    assert report.replayed > 0
+
+
+def test_planted_shape_bug_is_caught() -> None:
+    """A builder whose FULL-graph decode width follows the step's lengths (not its shape)
+    captures a narrow width and replays it on longer contexts: the harness must see it."""
+
+    class LengthDependentBuilder(CandidateIndexerMetadataBuilder):
+        def _decode_width(self, batch, num_decodes):  # type: ignore[no-untyped-def]
+            upper = batch.seq_lens_upper_bound.numpy()[:num_decodes]
+            return max(1, int(upper.max()) // self.config.compress_ratio)
+
+    gen = StepGenerator(CONFIG, STACK, num_pages=96, seed=3, max_context=1500)
+    runner = IndexerGraphRunner(
+        CONFIG,
+        STACK,
+        gen.kv_caches(),
+        "cpu",
+        graph_backend="tape",
+        capture_sizes=CaptureSizes(max_size=16, uniform_query_len=CONFIG.next_n),
+    )
+    runner.builder = LengthDependentBuilder(
+        CONFIG, "cpu", num_pages=runner.num_pages, full_graph_decode=True
+    )
+    runner.capture()
+    report = check_replay(runner, gen.cases(20, kinds=("decode",)))
+    assert report.replayed > 0
+    assert not report.ok
+    assert all(m.what == "replay != unpadded eager" for m in report.mismatches)
+
+
+def test_layer_inputs_are_checked() -> None:
+    runner, gen = _setup(seed=4)
+    case = gen.case("decode")
+    with pytest.raises(ValueError, match="layer_inputs has 1 entries for 3 indexer layers"):
+        runner.step(case.batch, case.inputs[:1])
+    bad = case.inputs[0].__class__(
+        case.inputs[0].q, case.inputs[0].q_scale, case.inputs[0].weights.double()
+    )
+    with pytest.raises(ValueError, match=r"layer_inputs\[0\].weights must be torch.float32"):
+        runner.step(case.batch, (bad, *case.inputs[1:]))
+
+
+def test_capture_sizes_must_match_next_n() -> None:
+    gen = StepGenerator(CONFIG, STACK, num_pages=8)
+    with pytest.raises(ValueError, match="uniform_query_len"):
+        IndexerGraphRunner(
+            CONFIG,
+            STACK,
+            gen.kv_caches(),
+            "cpu",
+            graph_backend="tape",
+            capture_sizes=CaptureSizes(max_size=16, uniform_query_len=1),
+        )
+
+
+def test_stack_validation() -> None:
+    with pytest.raises(ValueError, match="consumers need a candidate_source"):
+        IndexerStack(consumers=2)
+    with pytest.raises(ValueError, match="at least one layer"):
+        IndexerStack()
+    assert IndexerStack(dense=1, candidate_source=True, consumers=2).kinds == (
+        "dense",
+        "source",
+        "consumer",
+        "consumer",
+    )
+
+
+def test_replay_check_1000_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    """The harness over every shape of `graphidx replay-check` (R 1/2/4, dense and
+    candidate stacks, adaptive verification): 1000 random cases, no mismatch."""
+    mismatches = run_replay_check(
+        backend="tape", cases=1000, seed=7, device=torch.device("cpu"), progress=False
+    )
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == "1000 cases, 0 mismatches"
+    assert mismatches == 0
+
+
+def test_step_shape_key() -> None:
+    runner, _ = _setup(seed=5)
+    assert StepShape(16, 8, CONFIG.next_n) in runner.graphs
