@@ -10,6 +10,7 @@ DeepSeek-V4.1-Flash indexer shape through device graphs.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -91,7 +92,9 @@ class StepRow:
     padded_to: int | None
     mode: str
     millis: float
+    eager_millis: float | None
     matches_eager: bool | None
+    eager_reason: str | None
 
 
 class ServingSimulation:
@@ -203,10 +206,14 @@ class ServingSimulation:
         )
         result = self.runner.step(batch, inputs)
         matches: bool | None = None
+        eager_ms: float | None = None
         if result.replayed:
+            # The same step eagerly and unpadded: the answer replay must reproduce.
             replayed = torch.sort(result.topk.to(torch.int64), dim=-1).values.cpu()
-            eager = self.runner.step(batch, inputs, pad=False).topk
-            matches = bool((torch.sort(eager.to(torch.int64), -1).values.cpu() == replayed).all())
+            eager = self.runner.step(batch, inputs, pad=False)
+            eager_ms = eager.seconds * 1e3
+            eager_sorted = torch.sort(eager.topk.to(torch.int64), -1).values.cpu()
+            matches = bool((eager_sorted == replayed).all())
         kinds = {"prefill" if r.prefilling else "decode" for r, _ in plan}
         kind = "mixed" if len(kinds) == 2 else kinds.pop()
         self._advance(plan)
@@ -218,7 +225,9 @@ class ServingSimulation:
             result.shape.num_tokens if result.shape is not None else None,
             "replay" if result.replayed else "eager",
             result.seconds * 1e3,
+            eager_ms,
             matches,
+            result.eager_reason,
         )
 
     def _advance(self, plan: list[tuple[Request, int]]) -> None:
@@ -251,15 +260,16 @@ class ServingSimulation:
 def format_row(row: StepRow) -> str:
     padded = "-" if row.padded_to is None else str(row.padded_to)
     check = {None: "", True: "yes", False: "NO"}[row.matches_eager]
+    eager = "" if row.eager_millis is None else f"{row.eager_millis:.2f}"
     return (
         f"{row.step:>5} {row.kind:>8} {row.num_reqs:>5} {row.num_tokens:>7} {padded:>7} "
-        f"{row.mode:>7} {row.millis:>9.2f} {check:>8}"
+        f"{row.mode:>7} {row.millis:>9.2f} {eager:>9} {check:>8}"
     )
 
 
 HEADER = (
     f"{'step':>5} {'kind':>8} {'reqs':>5} {'tokens':>7} {'padded':>7} {'mode':>7} "
-    f"{'ms':>9} {'==eager':>8}"
+    f"{'ms':>9} {'eager ms':>9} {'==eager':>8}"
 )
 
 
@@ -290,17 +300,21 @@ def run_demo(
     replayed = [r for r in rows if r.mode == "replay"]
     eager = [r for r in rows if r.mode == "eager"]
     bad = [r for r in replayed if r.matches_eager is False]
-    c = sim.runner.counters
+    padding = sum((r.padded_to or r.num_tokens) - r.num_tokens for r in rows)
+    reasons = Counter(r.eager_reason for r in eager)
 
-    def mean_ms(rs: list[StepRow]) -> str:
-        return f"{np.mean([r.millis for r in rs]):.2f} ms" if rs else "-"
+    def mean_ms(values: list[float]) -> str:
+        return f"{np.mean(values):.2f} ms" if values else "-"
 
     print_fn("")
     print_fn(
-        f"summary: {len(rows)} steps, {len(replayed)} replayed (mean {mean_ms(replayed)}), "
-        f"{len(eager)} eager (mean {mean_ms(eager)}), {c.padded_tokens} padding rows"
+        f"summary: {len(rows)} steps; {len(replayed)} replayed, mean "
+        f"{mean_ms([r.millis for r in replayed])} (the same steps eagerly: "
+        f"{mean_ms([r.eager_millis for r in replayed if r.eager_millis is not None])}); "
+        f"{len(eager)} eager, mean {mean_ms([r.millis for r in eager])}; "
+        f"{padding} padding rows"
     )
-    for reason, count in sorted(c.eager_reasons.items()):
+    for reason, count in sorted(reasons.items(), key=lambda kv: str(kv[0])):
         print_fn(f"  eager: {count} x {reason}")
     print_fn(
         f"replay == eager: {len(replayed) - len(bad)}/{len(replayed)} replayed steps"
