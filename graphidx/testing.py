@@ -46,9 +46,15 @@ def random_kv_cache(
     """A paged MXFP4 cache (SPEC 4) whose every entry holds a random key."""
     layout = cache_layout(config.num_heads, config.head_dim, config.page_entries)
     cache = torch.zeros(num_pages, layout.page_bytes, dtype=torch.uint8, device=device)
-    slots = torch.arange(num_pages * config.page_entries, device=device)
-    keys = torch.randn(slots.numel(), config.head_dim, generator=gen).to(device)
-    write_k_cache(keys, slots, cache, layout)
+    # Keys are drawn on the cache's device, in slices, from a generator seeded by `gen`.
+    device_gen = torch.Generator(device=device)
+    device_gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    total = num_pages * config.page_entries
+    step = 1 << 20
+    for start in range(0, total, step):
+        slots = torch.arange(start, min(start + step, total), device=device)
+        keys = torch.randn(slots.numel(), config.head_dim, generator=device_gen, device=device)
+        write_k_cache(keys, slots, cache, layout)
     return cache
 
 
