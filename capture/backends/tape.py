@@ -64,6 +64,16 @@ tensor resized after it was produced (except uninitialised allocations used as `
 
 Replay runs under `torch.no_grad()` (or `torch.inference_mode()` when capture ran in
 inference mode): a tape replays inference work; autograd history is not recorded.
+
+torch.compile
+- The recorder and the sync guard tell torch.compile to ignore them while it compiles
+  (`ignore_compile_internals`), so a compiled callable runs its compiled code under capture
+  instead of being refused as "a dispatch mode is active"; at run time the compiled code's
+  dispatched ops are recorded like any others. Only dispatched ops can be recorded, so
+  compile for the tape with `backend="eager"` (the traced graph, run op by op): inductor's
+  generated kernels are not dispatched ops and would be missing from the tape, and
+  aot_eager's functionalized custom-op calls (`auto_functionalized` higher-order ops) are
+  refused by the recorder. A device graph records every kernel, so it takes any backend.
 """
 
 from __future__ import annotations
@@ -274,6 +284,11 @@ class _HostReadGuard(TorchFunctionMode):
 class _SyncGuard(TorchDispatchMode):
     """Applies `check_dispatched_op` to every op and runs it; records nothing."""
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Let torch.compile'd callables run compiled under the guard (see the docstring).
+        return True
+
     def __torch_dispatch__(
         self,
         func: Any,
@@ -439,6 +454,12 @@ class _Tracked:
 
 class _Recorder(TorchDispatchMode):
     """Runs every dispatched op and records it; the state of one capture."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Compiled code runs under capture and its dispatched ops are recorded (see the
+        # module docstring); without this torch.compile refuses to run under the recorder.
+        return True
 
     def __init__(self) -> None:
         super().__init__()
