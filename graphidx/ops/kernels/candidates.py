@@ -1,0 +1,163 @@
+"""Candidate pool resolution and the dense candidate mask in Triton (OPS_CONTRACT ops 3 and 6).
+
+`resolve_candidate_pool`: one program per row marks the valid block ids, sorts them with
+`tl.sort` (invalid ones mapped past every valid id), and writes first positions, -1 padding
+and the live column count.
+
+`apply_candidate_mask`: the candidate starts of a row need not be sorted or aligned, so a
+first kernel sorts each row's starts (-1 mapped to the largest int32) into scratch memory;
+the second, over (row, column tile), finds for every column t the largest start <= t by a
+branch-free binary search of the sorted starts and writes -inf where t is not inside
+[start, start + C). All intervals have the same length C, so that start decides coverage.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from graphidx.config import cdiv
+from graphidx.ops.kernels import next_power_of_2
+
+INT32_MAX = 2**31 - 1
+_INT32_MAX_TL = tl.constexpr(INT32_MAX)
+MASK_BLOCK = 1024
+
+
+@triton.jit
+def _resolve_pool_kernel(
+    block_ids_ptr,
+    row_ends_ptr,
+    positions_ptr,
+    live_ptr,
+    ids_row_stride,
+    pos_row_stride,
+    pool_blocks,
+    C: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SENTINEL: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    slot = tl.arange(0, BLOCK)
+    in_pool = slot < pool_blocks
+    ids = tl.load(block_ids_ptr + row * ids_row_stride + slot, mask=in_pool, other=-1)
+    end = tl.maximum(tl.load(row_ends_ptr + row), 0)
+    valid = (ids >= 0) & (ids < tl.cdiv(end, C))
+    ordered = tl.sort(tl.where(valid, ids, SENTINEL))
+    count = tl.sum(valid.to(tl.int32), axis=0)
+    first = tl.where(slot < count, ordered * C, -1)
+    tl.store(positions_ptr + row * pos_row_stride + slot, first, mask=in_pool)
+    last_id = tl.max(tl.where(valid, ids, -1), axis=0)
+    tail = tl.minimum(end - last_id * C, C)
+    tl.store(live_ptr + row, tl.where(count > 0, (count - 1) * C + tail, 0))
+
+
+@triton.jit
+def _sort_starts_kernel(
+    positions_ptr,
+    sorted_ptr,
+    pos_row_stride,
+    pool_blocks,
+    BLOCK: tl.constexpr,
+    SENTINEL: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    slot = tl.arange(0, BLOCK)
+    starts = tl.load(positions_ptr + row * pos_row_stride + slot, mask=slot < pool_blocks, other=-1)
+    ordered = tl.sort(tl.where(starts >= 0, starts, SENTINEL))
+    tl.store(sorted_ptr + row * BLOCK + slot, ordered)
+
+
+@triton.jit
+def _mask_columns_kernel(
+    logits_ptr,
+    sorted_ptr,
+    row_stride,
+    width,
+    C: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STARTS: tl.constexpr,
+    LOG2_STARTS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    column = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    starts = sorted_ptr + row * STARTS
+    # Binary lifting: at_most = number of sorted starts <= column (padding never is).
+    at_most = tl.zeros([BLOCK], tl.int32)
+    for level in tl.static_range(LOG2_STARTS):
+        step: tl.constexpr = STARTS >> (level + 1)
+        probe = tl.load(starts + at_most + step - 1)
+        at_most = tl.where(probe <= column, at_most + step, at_most)
+    last = tl.load(starts + at_most, mask=at_most < STARTS, other=_INT32_MAX_TL)
+    at_most = tl.where(last <= column, at_most + 1, at_most)
+    nearest = tl.load(starts + at_most - 1, mask=at_most > 0, other=0)
+    covered = (at_most > 0) & (column < nearest + C)
+    tl.store(
+        logits_ptr + row * row_stride + column,
+        tl.full([BLOCK], float("-inf"), tl.float32),
+        mask=(column < width) & ~covered,
+    )
+
+
+def resolve_candidate_pool(
+    block_ids: torch.Tensor,
+    row_ends: torch.Tensor,
+    candidate_block_size: int,
+    positions: torch.Tensor,
+    live_cols: torch.Tensor,
+) -> None:
+    """Triton `resolve_candidate_pool` (OPS_CONTRACT op 3; arguments validated by the wrapper)."""
+    rows, pool_blocks = block_ids.shape
+    if rows == 0:
+        return
+    _resolve_pool_kernel[(rows,)](
+        block_ids,
+        row_ends,
+        positions,
+        live_cols,
+        block_ids.stride(0),
+        positions.stride(0),
+        pool_blocks,
+        C=candidate_block_size,
+        BLOCK=next_power_of_2(max(pool_blocks, 2)),
+        SENTINEL=INT32_MAX,
+        num_warps=4,
+    )
+
+
+def apply_candidate_mask(
+    logits: torch.Tensor, positions: torch.Tensor, candidate_block_size: int
+) -> None:
+    """Triton `apply_candidate_mask` (OPS_CONTRACT op 6), in place on `logits`.
+
+    Allocates rows x next_power_of_2(KB) int32 of scratch for the sorted starts.
+    """
+    rows, width = logits.shape
+    if rows == 0 or width == 0:
+        return
+    starts = next_power_of_2(max(positions.shape[1], 2))
+    sorted_starts = torch.empty((rows, starts), dtype=torch.int32, device=logits.device)
+    _sort_starts_kernel[(rows,)](
+        positions,
+        sorted_starts,
+        positions.stride(0),
+        positions.shape[1],
+        BLOCK=starts,
+        SENTINEL=INT32_MAX,
+        num_warps=4,
+    )
+    _mask_columns_kernel[(rows, cdiv(width, MASK_BLOCK))](
+        logits,
+        sorted_starts,
+        logits.stride(0),
+        width,
+        C=candidate_block_size,
+        BLOCK=MASK_BLOCK,
+        STARTS=starts,
+        LOG2_STARTS=starts.bit_length() - 1,
+        num_warps=4,
+    )
+
+
+__all__ = ["apply_candidate_mask", "resolve_candidate_pool"]

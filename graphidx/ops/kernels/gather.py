@@ -1,0 +1,283 @@
+"""Compact gather logits over a candidate pool, and the remap of their top-k, in Triton
+(OPS_CONTRACT ops 4 and 5).
+
+`gather_mqa_logits`: program (r, i) scores compact columns [i * SPLIT, (i + 1) * SPLIT) of
+row r in tiles of BLOCK_N columns. Column j scores key position
+p = positions[r, j // C] + j % C, so a tile's keys come in runs of C consecutive entries of
+one page (C divides the page); each key is located and decoded exactly as in the dense kernel
+(mxfp4_tl), and `K [BLOCK_N, D] @ Q^T [D, HP]` (the row's own heads, decoded once per
+program) goes through the tensor cores. Columns that are not real keys (padding slot, p
+outside [0, context)) are -inf and read nothing; columns >= live are untouched unless
+`clean`. Candidate sets differ per row, so rows share no K tile.
+
+`remap_compact_topk`: an elementwise kernel, safe in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from graphidx.config import cdiv
+from graphidx.mxfp4 import cache_layout
+from graphidx.ops.kernels import dot_in_fp32, next_power_of_2
+from graphidx.ops.kernels.mxfp4_tl import (
+    WEIGHT_RESCALE,
+    load_key_tile,
+    load_query_tile,
+    relu_propagate_nan,
+    seq_of_row,
+    tile_scores,
+)
+
+GATHER_SPLIT_COLUMNS = 2048
+"""Compact columns per program: amortizes the Q decode and fills the GPU at 128 rows."""
+
+REMAP_BLOCK = 1024
+MIN_MMA_COLUMNS = 16
+
+
+@dataclass(frozen=True)
+class GatherConfig:
+    """Tile shape and launch parameters of one gather launch (chosen from shapes)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def default_config(candidate_block_size: int) -> GatherConfig:
+    block_n = 16 if dot_in_fp32() else 64
+    return GatherConfig(
+        block_n=max(block_n, next_power_of_2(candidate_block_size)), num_warps=4, num_stages=2
+    )
+
+
+@triton.jit
+def _gather_logits_kernel(
+    q_ptr,
+    q_scale_ptr,
+    kv_ptr,
+    w_ptr,
+    ctx_ptr,
+    bt_ptr,
+    positions_ptr,
+    live_ptr,
+    out_ptr,
+    qsl_ptr,
+    q_row_stride,
+    q_head_stride,
+    qs_row_stride,
+    qs_head_stride,
+    page_stride,
+    w_row_stride,
+    bt_row_stride,
+    pos_row_stride,
+    out_row_stride,
+    num_seqs,
+    pool_blocks,
+    out_width,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    D: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    E: tl.constexpr,
+    NPT: tl.constexpr,
+    LANES: tl.constexpr,
+    GROUPING: tl.constexpr,
+    ROWS_PER_SEQ: tl.constexpr,
+    C: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    CLEAN: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    row = tl.program_id(0)
+    col_start = tl.program_id(1) * SPLIT
+    if GROUPING == 1:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
+        seq = seq_of_row(row, qsl_ptr, num_seqs)
+    else:
+        seq = row // ROWS_PER_SEQ
+    live = tl.minimum(tl.maximum(tl.load(live_ptr + row), 0), out_width)
+    col_stop = tl.minimum(col_start + SPLIT, out_width)
+    score_stop = tl.minimum(col_stop, live)
+    out_row = out_ptr + row.to(tl.int64) * out_row_stride
+    if col_start < score_stop:
+        head = tl.arange(0, HP)
+        head_ok = head < H
+        queries = load_query_tile(
+            q_ptr,
+            q_scale_ptr,
+            row + 0 * head,
+            head,
+            head_ok,
+            q_row_stride,
+            q_head_stride,
+            qs_row_stride,
+            qs_head_stride,
+            D,
+            CHUNKS,
+        )
+        queries_t = tl.trans(queries)
+        weights = tl.load(w_ptr + row.to(tl.int64) * w_row_stride + head, mask=head_ok, other=0.0)
+        weights = weights * WEIGHT_RESCALE
+        context = tl.load(ctx_ptr + seq)
+        block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
+        pos_row = positions_ptr + row.to(tl.int64) * pos_row_stride
+        for tile_start in range(col_start, score_stop, BLOCK_N):
+            col = tile_start + tl.arange(0, BLOCK_N)
+            written = col < score_stop
+            block = col // C
+            first = tl.load(pos_row + block, mask=written & (block < pool_blocks), other=-1)
+            position = first + col % C
+            scored = written & (first >= 0) & (position < context)
+            page = tl.load(block_row + position // E, mask=scored, other=0)
+            keys = load_key_tile(
+                kv_ptr,
+                page.to(tl.int64) * page_stride,
+                position % E,
+                scored,
+                D,
+                E,
+                NPT,
+                LANES,
+                CHUNKS,
+            )
+            scores = relu_propagate_nan(tile_scores(keys, queries_t, FP32_DOT))
+            logits = tl.sum(scores * weights[None, :], axis=1)
+            logits = tl.where(scored, logits, float("-inf"))
+            tl.store(out_row + col, logits, mask=written)
+    if CLEAN:
+        for tile_start in range(tl.maximum(col_start, live), col_stop, BLOCK_N):
+            col = tile_start + tl.arange(0, BLOCK_N)
+            tl.store(
+                out_row + col,
+                tl.full([BLOCK_N], float("-inf"), tl.float32),
+                mask=col < col_stop,
+            )
+
+
+@triton.jit
+def _remap_kernel(
+    compact_ptr,
+    positions_ptr,
+    out_ptr,
+    compact_row_stride,
+    pos_row_stride,
+    out_row_stride,
+    k,
+    pool_cols,
+    C: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    slot = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    in_row = slot < k
+    column = tl.load(compact_ptr + row * compact_row_stride + slot, mask=in_row, other=-1)
+    valid = (column >= 0) & (column < pool_cols)
+    first = tl.load(positions_ptr + row * pos_row_stride + column // C, mask=valid, other=0)
+    tl.store(
+        out_ptr + row * out_row_stride + slot,
+        tl.where(valid, first + column % C, -1),
+        mask=in_row,
+    )
+
+
+def gather_mqa_logits(
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    positions: torch.Tensor,
+    live_cols: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    candidate_block_size: int,
+    query_start_loc: torch.Tensor | None = None,
+    next_n: int | None = None,
+    clean: bool = False,
+    page_entries: int | None = None,
+    config: GatherConfig | None = None,
+) -> None:
+    """Triton `gather_mqa_logits` (OPS_CONTRACT op 4; arguments validated by the wrapper).
+
+    Same contract as `graphidx.ops.gather_mqa_logits`; `config` overrides the shape-chosen
+    tiles (tuning hook; block_n must be a power of two). Reads no device value on the host.
+    """
+    rows, num_heads, value_bytes = q.shape
+    head_dim = 2 * value_bytes
+    out_width = out.shape[1]
+    if page_entries is None:
+        page_entries = kv_cache.shape[1] // (head_dim // 2 + head_dim // 32)
+    layout = cache_layout(num_heads, head_dim, page_entries)
+    if query_start_loc is not None and next_n is not None:
+        raise ValueError("query_start_loc and next_n are exclusive row groupings; got both")
+    if query_start_loc is not None:
+        grouping, rows_per_seq, num_seqs = 1, 1, query_start_loc.shape[0] - 1
+    else:
+        grouping, rows_per_seq = 0, 1 if next_n is None else next_n
+        num_seqs = rows // rows_per_seq
+    cfg = config or default_config(candidate_block_size)
+    if rows == 0 or out_width == 0:
+        return
+    qsl = query_start_loc if query_start_loc is not None else context_lens
+    grid = (rows, cdiv(out_width, GATHER_SPLIT_COLUMNS))
+    _gather_logits_kernel[grid](
+        q, q_scale, kv_cache, weights, context_lens, block_table, positions, live_cols, out, qsl,
+        q.stride(0), q.stride(1), q_scale.stride(0), q_scale.stride(1), kv_cache.stride(0),
+        weights.stride(0), block_table.stride(0), positions.stride(0), out.stride(0),
+        num_seqs, positions.shape[1], out_width,
+        H=num_heads,
+        HP=max(next_power_of_2(num_heads), MIN_MMA_COLUMNS),
+        D=head_dim,
+        CHUNKS=next_power_of_2(head_dim // 32),
+        E=layout.page_entries,
+        NPT=layout.n_per_tile,
+        LANES=layout.scale_lanes,
+        GROUPING=grouping,
+        ROWS_PER_SEQ=rows_per_seq,
+        C=candidate_block_size,
+        BLOCK_N=cfg.block_n,
+        SPLIT=GATHER_SPLIT_COLUMNS,
+        CLEAN=clean,
+        FP32_DOT=dot_in_fp32(),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def remap_compact_topk(
+    compact_topk: torch.Tensor,
+    positions: torch.Tensor,
+    candidate_block_size: int,
+    out: torch.Tensor,
+) -> None:
+    """Triton `remap_compact_topk` (OPS_CONTRACT op 5); `out` may be `compact_topk`.
+
+    out[r, i] = positions[r, j // C] + j % C for j = compact_topk[r, i] in [0, KB * C),
+    else -1.
+    """
+    rows, k = compact_topk.shape
+    if rows == 0 or k == 0:
+        return
+    grid = (rows, cdiv(k, REMAP_BLOCK))
+    _remap_kernel[grid](
+        compact_topk,
+        positions,
+        out,
+        compact_topk.stride(0),
+        positions.stride(0),
+        out.stride(0),
+        k,
+        positions.shape[1] * candidate_block_size,
+        C=candidate_block_size,
+        BLOCK=REMAP_BLOCK,
+    )
+
+
+__all__ = ["GatherConfig", "default_config", "gather_mqa_logits", "remap_compact_topk"]

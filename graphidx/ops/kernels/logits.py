@@ -1,0 +1,572 @@
+"""Dense paged MXFP4 MQA logits in Triton (OPS_CONTRACT op 1, `paged_mqa_logits`).
+
+One program scores a *row group* (rows of one seq that share every K tile) against a range of
+that seq's keys, walking it in tiles of BLOCK_N keys:
+
+    K tile  [BLOCK_N, D]           decoded in registers from the paged cache (mxfp4_tl)
+    Q^T     [D, BLOCK_R * HP]      the group's rows x heads, decoded once per program
+    S = K @ Q^T                    tensor cores, float32 accumulation
+    logits[t, r] = sum_h w[r, h] * relu(S[t, r * HP + h])
+
+Keys are the MMA's M dimension, so the instruction shape stays legal for 32 or 64 heads and
+any number of rows. Block scores come from the same tile (BLOCK_N is a multiple of C, and
+every key range starts on a tile boundary, so no candidate block straddles two programs).
+Columns past a row's end are never written here; `clean` runs `_clean_kernel` over exactly
+those columns afterwards.
+
+Row groups and grids (all decided by shapes, never by device values):
+- native decode (`next_n`) / flattened: group g = seq g, rows [g * next_n, (g + 1) * next_n).
+  Static grid (num_seqs, cdiv(W, SPLIT)): program (g, i) scores keys [i * SPLIT, +SPLIT)
+  and exits at once past the group's span. With a `schedule` (graphidx.ops.schedule) a
+  persistent grid of `multiprocessor_count * PROGRAMS_PER_SM` programs walks the schedule's
+  (group, key_start, key_end) items instead, so one long request is split across the GPU.
+- prefill (`query_start_loc`): groups are row blocks of <= BLOCK_R rows that never cross a
+  seq boundary, found on the device: programs [0, cdiv(rows, BLOCK_R)) take the aligned block
+  starting at row g * BLOCK_R, clipped to the seq holding that row (binary search of
+  query_start_loc); program cdiv(rows, BLOCK_R) + s takes seq s's head rows
+  [qsl[s], min(qsl[s + 1], round_up(qsl[s], BLOCK_R))) when qsl[s] is not aligned. Every
+  row lands in exactly one group; extra programs exit. Grid axis 1 splits the keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from graphidx.config import cdiv
+from graphidx.mxfp4 import cache_layout
+from graphidx.ops.kernels import dot_in_fp32, multiprocessor_count, next_power_of_2
+from graphidx.ops.kernels.mxfp4_tl import (
+    WEIGHT_RESCALE,
+    load_key_tile,
+    load_query_tile,
+    max_propagate_nan,
+    relu_propagate_nan,
+    seq_of_row,
+    tile_scores,
+)
+from graphidx.ops.schedule import SCHEDULE_HEADER_INTS, SCHEDULE_ITEM_INTS
+
+GROUP_FIXED = 0  # next_n rows (or one row) per seq
+GROUP_QUERY_START_LOC = 1  # rows of a seq given by query_start_loc
+
+PROGRAMS_PER_SM = 2
+"""Persistent programs per multiprocessor in scheduled decode (a device constant)."""
+
+DECODE_SPLIT_KEYS = 2048
+"""Keys per program of the static decode grid (and of the untrusted-schedule walk)."""
+
+PREFILL_SPLIT_KEYS = 4096
+"""Keys per prefill program; a multiple of every BLOCK_N, amortizes the Q decode."""
+
+CLEAN_BLOCK = 1024
+MIN_MMA_COLUMNS = 16  # tl.dot needs N >= 16
+
+
+@dataclass(frozen=True)
+class LogitsConfig:
+    """Tile shape and launch parameters of one dense-logits launch (chosen from shapes)."""
+
+    block_n: int
+    block_r: int
+    num_warps: int
+    num_stages: int
+
+
+def default_config(
+    grouping: int, heads_pad: int, rows_per_group: int, candidate_block_size: int
+) -> LogitsConfig:
+    """Shape-only config: decode groups keep all their rows; prefill fills N = 256.
+
+    Never depends on lengths, so a graph captured at one step replays at any other.
+    """
+    if grouping == GROUP_QUERY_START_LOC:
+        block_r = max(1, 256 // heads_pad)
+    else:
+        block_r = next_power_of_2(rows_per_group)
+    block_n = 16 if dot_in_fp32() else 64
+    block_n = max(block_n, candidate_block_size)
+    num_warps = 4 if block_r * heads_pad <= 128 else 8
+    return LogitsConfig(block_n=block_n, block_r=block_r, num_warps=num_warps, num_stages=2)
+
+
+@triton.jit
+def _score_group(
+    group,
+    key_start,
+    key_stop,
+    q_ptr,
+    q_scale_ptr,
+    kv_ptr,
+    w_ptr,
+    ctx_ptr,
+    bt_ptr,
+    row_ends_ptr,
+    out_ptr,
+    bs_ptr,
+    qsl_ptr,
+    q_row_stride,
+    q_head_stride,
+    qs_row_stride,
+    qs_head_stride,
+    page_stride,
+    w_row_stride,
+    bt_row_stride,
+    out_row_stride,
+    bs_row_stride,
+    rows,
+    num_seqs,
+    width,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    D: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    E: tl.constexpr,
+    NPT: tl.constexpr,
+    LANES: tl.constexpr,
+    GROUPING: tl.constexpr,
+    ROWS_PER_SEQ: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BLOCK_SCORES: tl.constexpr,
+    C: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """Score keys [key_start, key_stop) of row group `group` (see the module docstring)."""
+    if GROUPING == 1:
+        aligned_blocks = tl.cdiv(rows, BLOCK_R)
+        if group < aligned_blocks:
+            row_lo = group * BLOCK_R
+            seq = seq_of_row(row_lo, qsl_ptr, num_seqs)
+            row_hi = tl.minimum(row_lo + BLOCK_R, tl.load(qsl_ptr + seq + 1))
+        else:
+            seq = group - aligned_blocks
+            row_lo = tl.load(qsl_ptr + seq)
+            head_end = tl.minimum(tl.load(qsl_ptr + seq + 1), tl.cdiv(row_lo, BLOCK_R) * BLOCK_R)
+            # An aligned first row belongs to an aligned block: nothing left for this program.
+            row_hi = tl.where(row_lo % BLOCK_R == 0, row_lo, head_end)
+    else:
+        seq = group
+        row_lo = group * ROWS_PER_SEQ
+        row_hi = row_lo + ROWS_PER_SEQ
+
+    row = row_lo + tl.arange(0, BLOCK_R)
+    row_ok = row < row_hi
+    context = tl.load(ctx_ptr + seq)
+    ends = tl.load(row_ends_ptr + row, mask=row_ok, other=0)
+    row_len = tl.maximum(tl.minimum(tl.minimum(ends, context), width), 0)
+    row_len = tl.where(row_ok, row_len, 0)
+    span = tl.max(row_len, axis=0)
+    key_stop = tl.minimum(key_stop, span)
+    if key_start < key_stop:
+        slot = tl.arange(0, BLOCK_R * HP)
+        q_row = row_lo + slot // HP
+        q_head = slot % HP
+        q_ok = (q_row < row_hi) & (q_head < H)
+        queries = load_query_tile(
+            q_ptr,
+            q_scale_ptr,
+            q_row,
+            q_head,
+            q_ok,
+            q_row_stride,
+            q_head_stride,
+            qs_row_stride,
+            qs_head_stride,
+            D,
+            CHUNKS,
+        )
+        queries_t = tl.trans(queries)
+        weights = tl.load(w_ptr + q_row.to(tl.int64) * w_row_stride + q_head, mask=q_ok, other=0.0)
+        weights = weights * WEIGHT_RESCALE
+        block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
+        out_rows = out_ptr + row.to(tl.int64)[None, :] * out_row_stride
+        for tile_start in range(key_start, key_stop, BLOCK_N):
+            key = tile_start + tl.arange(0, BLOCK_N)
+            live = key < key_stop
+            page = tl.load(block_row + key // E, mask=live, other=0)
+            keys = load_key_tile(
+                kv_ptr, page.to(tl.int64) * page_stride, key % E, live, D, E, NPT, LANES, CHUNKS
+            )
+            scores = relu_propagate_nan(tile_scores(keys, queries_t, FP32_DOT))
+            scores = scores * weights[None, :]
+            logits = tl.sum(tl.reshape(scores, [BLOCK_N, BLOCK_R, HP]), axis=2)
+            visible = key[:, None] < row_len[None, :]
+            tl.store(out_rows + key[:, None], logits, mask=visible)
+            if HAS_BLOCK_SCORES:
+                BLOCKS: tl.constexpr = BLOCK_N // C
+                masked = tl.where(visible, logits, float("-inf"))
+                block_max = tl.reduce(
+                    tl.reshape(masked, [BLOCKS, C, BLOCK_R]), 1, max_propagate_nan
+                )
+                block = tile_start // C + tl.arange(0, BLOCKS)
+                newest = (row_len - 1) // C
+                block_max = tl.where(block[:, None] == newest[None, :], float("inf"), block_max)
+                tl.store(
+                    bs_ptr + row.to(tl.int64)[None, :] * bs_row_stride + block[:, None],
+                    block_max,
+                    mask=block[:, None] < tl.cdiv(row_len, C)[None, :],
+                )
+
+
+@triton.jit
+def _logits_static_kernel(
+    q_ptr,
+    q_scale_ptr,
+    kv_ptr,
+    w_ptr,
+    ctx_ptr,
+    bt_ptr,
+    row_ends_ptr,
+    out_ptr,
+    bs_ptr,
+    qsl_ptr,
+    q_row_stride,
+    q_head_stride,
+    qs_row_stride,
+    qs_head_stride,
+    page_stride,
+    w_row_stride,
+    bt_row_stride,
+    out_row_stride,
+    bs_row_stride,
+    rows,
+    num_seqs,
+    width,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    D: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    E: tl.constexpr,
+    NPT: tl.constexpr,
+    LANES: tl.constexpr,
+    GROUPING: tl.constexpr,
+    ROWS_PER_SEQ: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BLOCK_SCORES: tl.constexpr,
+    C: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """Grid (groups, key splits): program (g, i) scores keys [i * SPLIT, (i + 1) * SPLIT)."""
+    key_start = tl.program_id(1) * SPLIT
+    _score_group(
+        tl.program_id(0),
+        key_start,
+        key_start + SPLIT,
+        q_ptr,
+        q_scale_ptr,
+        kv_ptr,
+        w_ptr,
+        ctx_ptr,
+        bt_ptr,
+        row_ends_ptr,
+        out_ptr,
+        bs_ptr,
+        qsl_ptr,
+        q_row_stride,
+        q_head_stride,
+        qs_row_stride,
+        qs_head_stride,
+        page_stride,
+        w_row_stride,
+        bt_row_stride,
+        out_row_stride,
+        bs_row_stride,
+        rows,
+        num_seqs,
+        width,
+        H,
+        HP,
+        D,
+        CHUNKS,
+        E,
+        NPT,
+        LANES,
+        GROUPING,
+        ROWS_PER_SEQ,
+        BLOCK_R,
+        BLOCK_N,
+        HAS_BLOCK_SCORES,
+        C,
+        FP32_DOT,
+    )
+
+
+@triton.jit
+def _logits_scheduled_kernel(
+    q_ptr,
+    q_scale_ptr,
+    kv_ptr,
+    w_ptr,
+    ctx_ptr,
+    bt_ptr,
+    row_ends_ptr,
+    out_ptr,
+    bs_ptr,
+    schedule_ptr,
+    q_row_stride,
+    q_head_stride,
+    qs_row_stride,
+    qs_head_stride,
+    page_stride,
+    w_row_stride,
+    bt_row_stride,
+    out_row_stride,
+    bs_row_stride,
+    rows,
+    num_seqs,
+    width,
+    static_splits,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    D: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    E: tl.constexpr,
+    NPT: tl.constexpr,
+    LANES: tl.constexpr,
+    ROWS_PER_SEQ: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BLOCK_SCORES: tl.constexpr,
+    C: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    SPLIT: tl.constexpr,
+    HEADER: tl.constexpr,
+    ITEM: tl.constexpr,
+):
+    """Persistent programs walking the schedule's items, strided by the program count.
+
+    The item count is read on the device, so the same launch serves every step. A schedule
+    built for another grouping (its header's group count or next_n differ) or marked
+    incomplete is not trusted: the programs then walk the static (group, split) grid
+    instead, slower for skewed steps but exact.
+    """
+    count = tl.load(schedule_ptr)
+    header_groups = tl.load(schedule_ptr + 1)
+    header_next_n = tl.load(schedule_ptr + 2)
+    complete = tl.load(schedule_ptr + 3)
+    trusted = (complete == 1) & (header_groups == num_seqs) & (header_next_n == ROWS_PER_SEQ)
+    num_items = tl.where(trusted, count, num_seqs * static_splits)
+    for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
+        item_ptr = schedule_ptr + HEADER + item * ITEM
+        group = tl.where(trusted, tl.load(item_ptr, mask=trusted, other=0), item // static_splits)
+        fallback_start = (item % static_splits) * SPLIT
+        key_start = tl.where(trusted, tl.load(item_ptr + 1, mask=trusted, other=0), fallback_start)
+        key_stop = tl.where(
+            trusted, tl.load(item_ptr + 2, mask=trusted, other=0), fallback_start + SPLIT
+        )
+        _score_group(
+            group,
+            key_start,
+            key_stop,
+            q_ptr,
+            q_scale_ptr,
+            kv_ptr,
+            w_ptr,
+            ctx_ptr,
+            bt_ptr,
+            row_ends_ptr,
+            out_ptr,
+            bs_ptr,
+            ctx_ptr,
+            q_row_stride,
+            q_head_stride,
+            qs_row_stride,
+            qs_head_stride,
+            page_stride,
+            w_row_stride,
+            bt_row_stride,
+            out_row_stride,
+            bs_row_stride,
+            rows,
+            num_seqs,
+            width,
+            H,
+            HP,
+            D,
+            CHUNKS,
+            E,
+            NPT,
+            LANES,
+            0,
+            ROWS_PER_SEQ,
+            BLOCK_R,
+            BLOCK_N,
+            HAS_BLOCK_SCORES,
+            C,
+            FP32_DOT,
+        )
+
+
+@triton.jit
+def _clean_kernel(
+    out_ptr,
+    bs_ptr,
+    ctx_ptr,
+    row_ends_ptr,
+    qsl_ptr,
+    out_row_stride,
+    bs_row_stride,
+    num_seqs,
+    width,
+    block_cols,
+    GROUPING: tl.constexpr,
+    ROWS_PER_SEQ: tl.constexpr,
+    HAS_BLOCK_SCORES: tl.constexpr,
+    C: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """-inf over columns [n, W) of row r and, with block scores, blocks [ceil(n / C), NB)."""
+    row = tl.program_id(0)
+    if GROUPING == 1:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
+        seq = seq_of_row(row, qsl_ptr, num_seqs)
+    else:
+        seq = row // ROWS_PER_SEQ
+    row_len = tl.minimum(tl.minimum(tl.load(row_ends_ptr + row), tl.load(ctx_ptr + seq)), width)
+    row_len = tl.maximum(row_len, 0)
+    column = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(
+        out_ptr + row.to(tl.int64) * out_row_stride + column,
+        tl.full([BLOCK], float("-inf"), tl.float32),
+        mask=(column >= row_len) & (column < width),
+    )
+    if HAS_BLOCK_SCORES:
+        tl.store(
+            bs_ptr + row.to(tl.int64) * bs_row_stride + column,
+            tl.full([BLOCK], float("-inf"), tl.float32),
+            mask=(column >= tl.cdiv(row_len, C)) & (column < block_cols),
+        )
+
+
+def _check_block_size(candidate_block_size: int, block_n: int) -> None:
+    size = candidate_block_size
+    if size <= 0 or size & (size - 1) or size > 256:
+        raise ValueError(
+            "the triton backend computes block scores for a power-of-two "
+            f"candidate_block_size <= 256, got {size}"
+        )
+    if block_n % size:
+        raise ValueError(f"config.block_n {block_n} must be a multiple of C = {size}")
+
+
+def paged_mqa_logits(
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    row_ends: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    query_start_loc: torch.Tensor | None = None,
+    next_n: int | None = None,
+    schedule: torch.Tensor | None = None,
+    block_scores: torch.Tensor | None = None,
+    candidate_block_size: int = 0,
+    clean: bool = False,
+    page_entries: int | None = None,
+    config: LogitsConfig | None = None,
+) -> None:
+    """Triton `paged_mqa_logits` (OPS_CONTRACT op 1; arguments validated by the wrapper).
+
+    Same contract as `graphidx.ops.paged_mqa_logits`. `schedule` (from
+    graphidx.ops.schedule.build_decode_schedule, built with the same next_n) switches decode
+    to the persistent launch; it is refused with query_start_loc. Block scores need a
+    power-of-two C <= 256. `config` overrides the shape-chosen tiles (tuning hook).
+    Reads no device value on the host.
+    """
+    rows, num_heads, value_bytes = q.shape
+    head_dim = 2 * value_bytes
+    width = out.shape[1]
+    if page_entries is None:
+        page_entries = kv_cache.shape[1] // (head_dim // 2 + head_dim // 32)
+    layout = cache_layout(num_heads, head_dim, page_entries)
+    if query_start_loc is not None and next_n is not None:
+        raise ValueError("query_start_loc and next_n are exclusive row groupings; got both")
+    if query_start_loc is not None:
+        if schedule is not None:
+            raise ValueError("schedule is a decode schedule; it cannot drive a prefill launch")
+        grouping, rows_per_seq = GROUP_QUERY_START_LOC, 1
+        num_seqs = query_start_loc.shape[0] - 1
+    else:
+        grouping, rows_per_seq = GROUP_FIXED, 1 if next_n is None else next_n
+        num_seqs = rows // rows_per_seq
+    heads_pad = max(next_power_of_2(num_heads), MIN_MMA_COLUMNS)
+    size = candidate_block_size if block_scores is not None else 1
+    cfg = config or default_config(grouping, heads_pad, rows_per_seq, size)
+    if block_scores is not None:
+        _check_block_size(candidate_block_size, cfg.block_n)
+    if grouping == GROUP_FIXED and cfg.block_r < rows_per_seq:
+        raise ValueError(f"config.block_r {cfg.block_r} < next_n {rows_per_seq}")
+    if rows == 0:
+        return
+
+    bs = block_scores if block_scores is not None else out
+    qsl = query_start_loc if query_start_loc is not None else context_lens
+    common = dict(
+        H=num_heads,
+        HP=heads_pad,
+        D=head_dim,
+        CHUNKS=next_power_of_2(head_dim // 32),
+        E=layout.page_entries,
+        NPT=layout.n_per_tile,
+        LANES=layout.scale_lanes,
+        BLOCK_R=cfg.block_r,
+        BLOCK_N=cfg.block_n,
+        HAS_BLOCK_SCORES=block_scores is not None,
+        C=size,
+        FP32_DOT=dot_in_fp32(),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        q_scale.stride(0),
+        q_scale.stride(1),
+        kv_cache.stride(0),
+        weights.stride(0),
+        block_table.stride(0),
+        out.stride(0),
+        bs.stride(0),
+    )
+    if width > 0 and num_seqs > 0:
+        if schedule is not None:
+            split = DECODE_SPLIT_KEYS
+            grid: tuple[int, ...] = (multiprocessor_count(q.device) * PROGRAMS_PER_SM,)
+            _logits_scheduled_kernel[grid](
+                q, q_scale, kv_cache, weights, context_lens, block_table, row_ends, out, bs,
+                schedule, *strides, rows, num_seqs, width, cdiv(width, split),
+                ROWS_PER_SEQ=rows_per_seq, SPLIT=split, HEADER=SCHEDULE_HEADER_INTS,
+                ITEM=SCHEDULE_ITEM_INTS, **common,
+            )  # fmt: skip
+        else:
+            if grouping == GROUP_QUERY_START_LOC:
+                split = PREFILL_SPLIT_KEYS
+                groups = cdiv(rows, cfg.block_r) + num_seqs
+            else:
+                split = DECODE_SPLIT_KEYS
+                groups = num_seqs
+            grid = (groups, cdiv(width, split))
+            _logits_static_kernel[grid](
+                q, q_scale, kv_cache, weights, context_lens, block_table, row_ends, out, bs,
+                qsl, *strides, rows, num_seqs, width,
+                GROUPING=grouping, ROWS_PER_SEQ=rows_per_seq, SPLIT=split, **common,
+            )  # fmt: skip
+    if clean:
+        block_cols = bs.shape[1] if block_scores is not None else 0
+        grid = (rows, cdiv(max(width, block_cols, 1), CLEAN_BLOCK))
+        _clean_kernel[grid](
+            out, bs, context_lens, row_ends, qsl, out.stride(0), bs.stride(0), num_seqs, width,
+            block_cols, GROUPING=grouping, ROWS_PER_SEQ=rows_per_seq,
+            HAS_BLOCK_SCORES=block_scores is not None, C=size, BLOCK=CLEAN_BLOCK,
+        )  # fmt: skip
+
+
+__all__ = ["LogitsConfig", "default_config", "paged_mqa_logits"]

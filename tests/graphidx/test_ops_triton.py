@@ -1,0 +1,457 @@
+"""The Triton backend of every op against the torch reference (OPS_CONTRACT 1-6).
+
+Runs under the Triton interpreter on a CPU (tests/conftest.py sets TRITON_INTERPRET=1), so
+shapes are small. Outputs are poisoned (NaN, or a sentinel int) before each call; the paged
+cache has shuffled pages, a page stride wider than a page, and 0xFF in every byte no kernel
+should read (0xFF scales decode to NaN, so a stray read shows up as NaN in a compared column,
+and block-table entries past a seq's pages point outside the cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from graphidx.config import cdiv
+from graphidx.mxfp4 import cache_layout, pack_page
+
+ops = pytest.importorskip("graphidx.ops")
+pytest.importorskip("triton")
+from graphidx.ops.kernels.topk import TopkConfig  # noqa: E402
+from graphidx.ops.kernels.topk import topk_per_row as triton_topk_per_row  # noqa: E402
+
+NAN = float("nan")
+NEG_INF = float("-inf")
+SENTINEL = -777
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cache:
+    kv_cache: torch.Tensor
+    block_table: torch.Tensor
+    context_lens: torch.Tensor
+    page_entries: int
+
+
+def make_cache(
+    gen: torch.Generator, contexts: list[int], *, num_heads: int, head_dim: int, page_entries: int
+) -> Cache:
+    """Random MXFP4 keys (every e2m1 code, scales 2**-7 .. 2**5) in shuffled pages."""
+    layout = cache_layout(num_heads, head_dim, page_entries)
+    pages_per_seq = [cdiv(c, page_entries) for c in contexts]
+    num_pages = sum(pages_per_seq) + 2
+    storage = torch.full((num_pages, layout.page_bytes + 40), 0xFF, dtype=torch.uint8)
+    kv_cache = storage[:, : layout.page_bytes + 8]
+    order = torch.randperm(num_pages, generator=gen)
+    max_blocks = max(pages_per_seq, default=0) + 2
+    block_table = torch.full((len(contexts), max_blocks), 10**6, dtype=torch.int32)
+    used = 0
+    for s, context in enumerate(contexts):
+        for column in range(pages_per_seq[s]):
+            page = int(order[used])
+            used += 1
+            block_table[s, column] = page
+            live = min(page_entries, context - column * page_entries)
+            values = torch.full((page_entries, head_dim // 2), 0xFF, dtype=torch.uint8)
+            scales = torch.full((page_entries, head_dim // 32), 0xFF, dtype=torch.uint8)
+            values[:live] = torch.randint(0, 256, (live, head_dim // 2), generator=gen).to(
+                torch.uint8
+            )
+            scales[:live] = torch.randint(120, 133, (live, head_dim // 32), generator=gen).to(
+                torch.uint8
+            )
+            kv_cache[page, : layout.page_bytes] = pack_page(values, scales, layout)
+    return Cache(kv_cache, block_table, torch.tensor(contexts, dtype=torch.int32), page_entries)
+
+
+def make_queries(
+    gen: torch.Generator, rows: int, num_heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q = torch.randint(0, 256, (rows, num_heads, head_dim // 2), generator=gen).to(torch.uint8)
+    q_scale = torch.randint(120, 133, (rows, num_heads, head_dim // 32), generator=gen).to(
+        torch.uint8
+    )
+    weights = torch.randn(rows, num_heads, generator=gen)
+    return q, q_scale, weights
+
+
+def grouping(kind: str, sizes: list[int]) -> tuple[int, int, dict[str, object]]:
+    """(rows, num_seqs, kwargs) for a row grouping: 'qsl' sizes, 'next_n' n, or 'flat' n."""
+    if kind == "qsl":
+        bounds = [0]
+        for size in sizes:
+            bounds.append(bounds[-1] + size)
+        qsl = torch.tensor(bounds, dtype=torch.int32)
+        return bounds[-1], len(sizes), {"query_start_loc": qsl}
+    seqs, next_n = sizes
+    if kind == "next_n":
+        return seqs * next_n, seqs, {"next_n": next_n}
+    return seqs, seqs, {}
+
+
+def seq_of_rows(kind: str, sizes: list[int], rows: int) -> list[int]:
+    if kind == "qsl":
+        return [s for s, size in enumerate(sizes) for _ in range(size)]
+    if kind == "next_n":
+        return [r // sizes[1] for r in range(rows)]
+    return list(range(rows))
+
+
+def row_lengths(
+    row_ends: torch.Tensor, contexts: list[int], seqs: list[int], width: int
+) -> list[int]:
+    return [max(0, min(int(row_ends[r]), contexts[seqs[r]], width)) for r in range(len(seqs))]
+
+
+def assert_logits_match(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Same NaN/inf pattern; finite values equal up to float32 summation order."""
+    assert torch.equal(got.isnan(), want.isnan()), "written / NaN columns differ"
+    assert torch.equal(got.isinf(), want.isinf()), "-inf / +inf columns differ"
+    finite = want.isfinite()
+    scale = float(want[finite].abs().max()) if finite.any() else 1.0
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-6 * max(scale, 1.0))
+
+
+# ---------------------------------------------------------------------------------------
+# Dense logits.
+# ---------------------------------------------------------------------------------------
+
+
+def run_dense(
+    backend: str,
+    cache: Cache,
+    queries: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    row_ends: torch.Tensor,
+    width: int,
+    extra: dict[str, object],
+    *,
+    block_size: int = 0,
+    block_cols: int = 0,
+    clean: bool = False,
+    schedule: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    q, q_scale, weights = queries
+    out = torch.full((q.shape[0], width), NAN)
+    block_scores = torch.full((q.shape[0], block_cols), NAN) if block_size else None
+    ops.paged_mqa_logits(
+        q,
+        q_scale,
+        cache.kv_cache,
+        weights,
+        cache.context_lens,
+        cache.block_table,
+        row_ends,
+        out,
+        schedule=schedule,
+        block_scores=block_scores,
+        candidate_block_size=block_size,
+        clean=clean,
+        page_entries=cache.page_entries,
+        backend=backend,
+        **extra,
+    )
+    return out, block_scores
+
+
+DENSE_CASES = [
+    # kind, sizes, heads, head_dim, page_entries, block size C, clean
+    ("next_n", [3, 1], 4, 64, 32, 8, False),
+    ("next_n", [3, 2], 4, 64, 32, 16, True),
+    ("next_n", [2, 3], 8, 128, 16, 8, False),
+    ("next_n", [2, 4], 4, 64, 32, 0, True),
+    ("flat", [5, 1], 8, 128, 16, 8, True),
+    ("flat", [4, 1], 4, 64, 64, 0, False),
+    ("qsl", [3, 0, 6, 1, 0, 2], 4, 64, 32, 8, True),
+    ("qsl", [5, 2], 8, 128, 16, 0, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "sizes", "heads", "head_dim", "page_entries", "block_size", "clean"), DENSE_CASES
+)
+def test_dense_logits_match_reference(
+    gen: torch.Generator,
+    kind: str,
+    sizes: list[int],
+    heads: int,
+    head_dim: int,
+    page_entries: int,
+    block_size: int,
+    clean: bool,
+) -> None:
+    rows, num_seqs, extra = grouping(kind, sizes)
+    contexts = [int(c) for c in torch.randint(0, 90, (num_seqs,), generator=gen)]
+    contexts[0] = 85  # wider than the output: the width clamp matters
+    width = 72
+    cache = make_cache(gen, contexts, num_heads=heads, head_dim=head_dim, page_entries=page_entries)
+    queries = make_queries(gen, rows, heads, head_dim)
+    # R-like ragged ends: some past the context, some short, one negative, one zero.
+    row_ends = torch.randint(-3, 95, (rows,), generator=gen).to(torch.int32)
+    block_cols = cdiv(width, block_size) + 2 if block_size else 0
+    want, want_bs = run_dense(
+        "reference", cache, queries, row_ends, width, extra,
+        block_size=block_size, block_cols=block_cols, clean=clean,
+    )  # fmt: skip
+    got, got_bs = run_dense(
+        "triton", cache, queries, row_ends, width, extra,
+        block_size=block_size, block_cols=block_cols, clean=clean,
+    )  # fmt: skip
+    assert_logits_match(got, want)
+    if block_size:
+        assert got_bs is not None and want_bs is not None
+        seqs = seq_of_rows(kind, sizes, rows)
+        lengths = row_lengths(row_ends, contexts, seqs, width)
+        for r, n in enumerate(lengths):
+            written = cdiv(n, block_size)
+            assert_logits_match(got_bs[r, :written], want_bs[r, :written])
+            tail = got_bs[r, written:]
+            # Past the row's blocks: -inf when cleaned, else untouched.
+            assert bool((tail == NEG_INF).all() if clean else tail.isnan().all()), (r, n)
+
+
+def test_dense_nan_scale_propagates(gen: torch.Generator) -> None:
+    cache = make_cache(gen, [40, 20], num_heads=4, head_dim=64, page_entries=32)
+    layout = cache_layout(4, 64, 32)
+    from graphidx.mxfp4 import entry_offsets
+
+    _, scale_offsets = entry_offsets(layout)
+    page = int(cache.block_table[0, 0])
+    cache.kv_cache[page, int(scale_offsets[5, 1])] = 0xFF  # key 5 of seq 0: NaN block
+    queries = make_queries(gen, 2, 4, 64)
+    row_ends = torch.tensor([40, 20], dtype=torch.int32)
+    args = ("flat", [2, 1])
+    _, _, extra = grouping(*args)
+    want, want_bs = run_dense(
+        "reference", cache, queries, row_ends, 48, extra, block_size=8, block_cols=6
+    )
+    got, got_bs = run_dense(
+        "triton", cache, queries, row_ends, 48, extra, block_size=8, block_cols=6
+    )
+    assert bool(want[0, 5].isnan())
+    assert_logits_match(got, want)
+    assert got_bs is not None and want_bs is not None
+    assert_logits_match(got_bs[:, :3], want_bs[:, :3])
+
+
+# ---------------------------------------------------------------------------------------
+# Decode schedule: same logits with and without it.
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "next_n"), [("flat", 1), ("next_n", 2)])
+def test_dense_logits_with_schedule(gen: torch.Generator, kind: str, next_n: int) -> None:
+    from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
+
+    split = 256
+    # Skewed: one long seq, short ones, an empty one (padding).
+    contexts = [700, 30, 0, 90]
+    num_seqs = len(contexts)
+    rows = num_seqs * next_n
+    extra = {"next_n": next_n} if kind == "next_n" else {}
+    cache = make_cache(gen, contexts, num_heads=4, head_dim=64, page_entries=32)
+    queries = make_queries(gen, rows, 4, 64)
+    width = 720
+    ends = torch.tensor(
+        [c - (next_n - 1 - j) for c in contexts for j in range(next_n)], dtype=torch.int32
+    )
+    schedule = allocate_schedule(num_seqs, width, "cpu", split_keys=split)
+
+    def check(row_ends: torch.Tensor, built_ends: torch.Tensor | None) -> None:
+        if built_ends is not None:
+            build_decode_schedule(
+                built_ends, schedule, next_n=next_n, split_keys=split, backend="triton"
+            )
+        want, _ = run_dense("reference", cache, queries, row_ends, width, extra)
+        plain, _ = run_dense("triton", cache, queries, row_ends, width, extra)
+        sched, _ = run_dense("triton", cache, queries, row_ends, width, extra, schedule=schedule)
+        assert_logits_match(plain, want)
+        assert_logits_match(sched, want)
+
+    check(ends, ends)
+    assert int(schedule[0]) > num_seqs  # the long seq was split into several items
+    # Rows change in place (the next step): rebuilt into the same buffer, then replayed.
+    shorter = (ends - 400).clamp(min=1).to(torch.int32)
+    ends.copy_(shorter)
+    check(ends, ends)
+    # A stale schedule (built for shorter rows) still covers every key.
+    longer = torch.tensor(
+        [c - (next_n - 1 - j) for c in contexts for j in range(next_n)], dtype=torch.int32
+    )
+    check(longer, None)
+    # An unbuilt (zeroed) schedule is not trusted: the static walk runs.
+    schedule.zero_()
+    check(longer, None)
+
+
+# ---------------------------------------------------------------------------------------
+# Gather logits and remap.
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "sizes", "clean"), [("qsl", [2, 0, 3], True), ("next_n", [2, 2], False)]
+)
+def test_gather_logits_match_reference(
+    gen: torch.Generator, kind: str, sizes: list[int], clean: bool
+) -> None:
+    size, pool_blocks, heads, head_dim = 4, 6, 8, 128
+    rows, num_seqs, extra = grouping(kind, sizes)
+    contexts = [int(c) for c in torch.randint(20, 70, (num_seqs,), generator=gen)]
+    cache = make_cache(gen, contexts, num_heads=heads, head_dim=head_dim, page_entries=16)
+    queries = make_queries(gen, rows, heads, head_dim)
+    seqs = seq_of_rows(kind, sizes, rows)
+    block_ids = torch.full((rows, pool_blocks), -1, dtype=torch.int32)
+    for r in range(rows):
+        blocks = cdiv(contexts[seqs[r]], size)
+        chosen = torch.randperm(blocks + 2, generator=gen)[:pool_blocks]
+        block_ids[r, : chosen.numel()] = chosen.to(torch.int32) - 1  # some -1, some past end
+    row_ends = torch.tensor([contexts[s] for s in seqs], dtype=torch.int32)
+    positions = torch.empty((rows, pool_blocks), dtype=torch.int32)
+    live = torch.empty(rows, dtype=torch.int32)
+    ops.resolve_candidate_pool(block_ids, row_ends, size, positions, live, backend="reference")
+    # Defensive columns: a padding slot inside the live range, a slot past the context.
+    positions[0, 0] = -1
+    positions[-1, 1] = contexts[seqs[-1]] + 3
+    live[-1] = pool_blocks * size + 5  # wider than the pool: clamped by the output width
+    width = pool_blocks * size + 3
+    outs = []
+    for backend in ("reference", "triton"):
+        q, q_scale, weights = queries
+        out = torch.full((rows, width), NAN)
+        ops.gather_mqa_logits(
+            q, q_scale, cache.kv_cache, weights, cache.context_lens, cache.block_table,
+            positions, live, out, candidate_block_size=size, clean=clean,
+            page_entries=cache.page_entries, backend=backend, **extra,
+        )  # fmt: skip
+        outs.append(out)
+    assert_logits_match(outs[1], outs[0])
+    assert bool((outs[1][-1, pool_blocks * size :] == NEG_INF).all())
+
+
+def test_remap_compact_topk_in_place(gen: torch.Generator) -> None:
+    size, rows, pool_blocks, k = 4, 3, 5, 9
+    positions = torch.randint(-1, 200, (rows, pool_blocks), generator=gen).to(torch.int32)
+    compact = torch.randint(-1, pool_blocks * size + 2, (rows, k), generator=gen).to(torch.int32)
+    want = torch.full_like(compact, SENTINEL)
+    ops.remap_compact_topk(compact, positions, size, want, backend="reference")
+    got = compact.clone()
+    ops.remap_compact_topk(got, positions, size, got, backend="triton")
+    assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------
+# Top-k.
+# ---------------------------------------------------------------------------------------
+
+
+def check_topk(logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    """Exactly min(k, finite values) distinct picks, each >= every unpicked value; -1 after."""
+    width = logits.shape[1]
+    for r in range(logits.shape[0]):
+        n = max(0, min(int(lengths[r]), width))
+        row = logits[r, :n]
+        expect = int((row != NEG_INF).sum().clamp(max=k))
+        got = out[r].tolist()
+        picks = [c for c in got if c != -1]
+        assert len(picks) == expect, (r, got)
+        assert got.count(-1) == k - expect, (r, got)
+        assert len(set(picks)) == expect and all(0 <= c < n for c in picks), (r, got)
+        if expect:
+            chosen = row[picks]
+            assert bool((chosen != NEG_INF).all())
+            rest = torch.ones(n, dtype=torch.bool)
+            rest[picks] = False
+            if rest.any():
+                assert float(chosen.min()) >= float(row[rest].max()), r
+
+
+def topk_rows(gen: torch.Generator, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adversarial rows: random, all equal, few levels (many ties), -inf mixed in, crowded."""
+    rows = [
+        torch.randn(width, generator=gen),
+        torch.full((width,), 1.5),
+        torch.randint(0, 3, (width,), generator=gen).float(),
+        torch.where(torch.rand(width, generator=gen) < 0.7, NEG_INF, 2.0),
+        torch.randn(width, generator=gen),
+        torch.randn(width, generator=gen),
+        torch.randn(width, generator=gen) - 10.0,
+        torch.randn(width, generator=gen) - 10.0,
+        torch.full((width,), NEG_INF),
+    ]
+    rows[5][::2] = -0.0  # signed zeros tie with +0.0 under float order
+    rows[5][1::2] = 0.0
+    # Top values crowded into a few interleaved groups (the slow exact path).
+    rows[6][::32] = torch.arange(len(rows[6][::32])).float() + 100.0
+    rows[7][::32] = 100.0  # ... with ties at the threshold
+    rows[7][1::32] = 50.0
+    lengths = torch.tensor([width, width, width - 7, width, 3, width + 50, width, width, width])
+    return torch.stack(rows), lengths.to(torch.int32)
+
+
+@pytest.mark.parametrize("k", [1, 8, 13])
+def test_topk_small_buffers_every_path(gen: torch.Generator, k: int) -> None:
+    # groups = 32, capacity = 16: rows of 300 columns take the refine and fallback paths.
+    logits, lengths = topk_rows(gen, 300)
+    lengths[0] = 0
+    out = torch.full((logits.shape[0], k), SENTINEL, dtype=torch.int32)
+    config = TopkConfig(groups=32, capacity=max(16, 2 * (1 << (k - 1).bit_length())), num_warps=4)
+    triton_topk_per_row(logits, lengths, k, out, config=config)
+    check_topk(logits, lengths, k, out)
+
+
+def test_topk_default_config(gen: torch.Generator) -> None:
+    logits, lengths = topk_rows(gen, 1500)
+    logits = torch.cat((logits, torch.zeros(logits.shape[0], 20)), dim=1)[:, :1500]
+    out = torch.full((logits.shape[0], 64), SENTINEL, dtype=torch.int32)
+    ops.topk_per_row(logits, lengths, 64, out, backend="triton")
+    check_topk(logits, lengths, 64, out)
+
+
+def test_topk_strided_rows_and_k_wider_than_row(gen: torch.Generator) -> None:
+    storage = torch.randn(4, 40, generator=gen)
+    logits = storage[:, :25]  # row stride 40
+    lengths = torch.tensor([25, 10, 0, 30], dtype=torch.int32)
+    out = torch.full((4, 32), SENTINEL, dtype=torch.int32)
+    ops.topk_per_row(logits, lengths, 32, out, backend="triton")
+    check_topk(logits, lengths, 32, out)
+
+
+# ---------------------------------------------------------------------------------------
+# Candidate pool and mask.
+# ---------------------------------------------------------------------------------------
+
+
+def test_resolve_candidate_pool_matches_reference(gen: torch.Generator) -> None:
+    rows, pool_blocks, size = 6, 12, 4
+    block_ids = torch.stack(
+        [torch.randperm(40, generator=gen)[:pool_blocks] for _ in range(rows)]
+    ).to(torch.int32)
+    block_ids[block_ids > 30] = -1
+    row_ends = torch.tensor([0, -4, 7, 50, 100, 33], dtype=torch.int32)
+    results = []
+    for backend in ("reference", "triton"):
+        positions = torch.full((rows, pool_blocks), SENTINEL, dtype=torch.int32)
+        live = torch.full((rows,), SENTINEL, dtype=torch.int32)
+        ops.resolve_candidate_pool(block_ids, row_ends, size, positions, live, backend=backend)
+        results.append((positions, live))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
+def test_apply_candidate_mask_unsorted_unaligned_starts(gen: torch.Generator) -> None:
+    rows, width, size = 5, 130, 4
+    starts = torch.randint(-3, 135, (rows, 9), generator=gen).to(torch.int32)
+    starts[0] = -1  # no candidate at all: the whole row is masked
+    logits = torch.randn(rows, width, generator=gen)
+    want, got = logits.clone(), logits.clone()
+    ops.apply_candidate_mask(want, starts, size, backend="reference")
+    ops.apply_candidate_mask(got, starts, size, backend="triton")
+    assert torch.equal(got, want)
+    assert bool((got[0] == NEG_INF).all())
