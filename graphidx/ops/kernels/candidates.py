@@ -86,7 +86,7 @@ def _mask_columns_kernel(
     # Binary lifting: at_most = number of sorted starts <= column (padding never is).
     at_most = tl.zeros([BLOCK], tl.int32)
     for level in tl.static_range(LOG2_STARTS):
-        step: tl.constexpr = STARTS >> (level + 1)
+        step = STARTS >> (level + 1)
         probe = tl.load(starts + at_most + step - 1)
         at_most = tl.where(probe <= column, at_most + step, at_most)
     last = tl.load(starts + at_most, mask=at_most < STARTS, other=_INT32_MAX_TL)

@@ -1,0 +1,621 @@
+"""Kernel benchmarks against the roofline (`graphidx bench`, tools/device_kernels.py).
+
+Each case builds random inputs at full size on the GPU, checks the Triton kernel against the
+torch reference (on a sample of rows where the reference would be slow), times it with
+`triton.testing.do_bench` (median; do_bench clears the L2 cache before every run, so each
+timing starts cold) and compares it with its floor:
+
+    floor = max(bytes / copy bandwidth, flops / bf16 matmul throughput)
+
+where `bytes` counts every input read once plus the output written once (an MXFP4 key is
+68 bytes at D = 128, logits are float32, only the visible columns count) and `flops` counts
+2 * heads * head_dim per scored (row, key) pair. The ceilings are measured once (a large
+device copy, a large bf16 matmul) or taken from ARCHITECTURE.md (4.3 TB/s, 790 TFLOP/s).
+
+A case that raises is reported as FAIL with its error; the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphidx.config import cdiv
+from graphidx.mxfp4 import cache_layout
+
+NOMINAL_COPY_BYTES_PER_S = 4.3e12
+NOMINAL_MATMUL_FLOPS_PER_S = 790e12
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The device's copy bandwidth and bf16 matmul throughput (measured or nominal)."""
+
+    copy_bytes_per_s: float = NOMINAL_COPY_BYTES_PER_S
+    matmul_flops_per_s: float = NOMINAL_MATMUL_FLOPS_PER_S
+    measured_copy_bytes_per_s: float | None = None
+    measured_matmul_flops_per_s: float | None = None
+
+
+@dataclass
+class CaseResult:
+    """One timed kernel launch and its roofline floor."""
+
+    name: str
+    shape: str
+    time_us: float
+    bytes_moved: float
+    flops: float
+    floor_us: float
+    check: str
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tbps(self) -> float:
+        return self.bytes_moved / (self.time_us * 1e-6) / 1e12 if self.time_us > 0 else 0.0
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / (self.time_us * 1e-6) / 1e12 if self.time_us > 0 else 0.0
+
+    @property
+    def pct_of_floor(self) -> float:
+        """100 = at the floor; 50 = twice the floor."""
+        return 100.0 * self.floor_us / self.time_us if self.time_us > 0 else 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def floor_us(bytes_moved: float, flops: float, ceilings: Ceilings) -> float:
+    """max(bytes / bandwidth, flops / matmul throughput), in microseconds."""
+    return 1e6 * max(bytes_moved / ceilings.copy_bytes_per_s, flops / ceilings.matmul_flops_per_s)
+
+
+def time_us(fn: Callable[[], object], *, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median time of `fn` in microseconds (triton.testing.do_bench, L2 cleared each run)."""
+    import triton.testing
+
+    return 1e3 * float(
+        triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+    )
+
+
+def measure_ceilings(device: torch.device) -> tuple[float, float]:
+    """(copy bytes/s, bf16 matmul FLOP/s): a 1 GiB device copy (read + write), an 8192^3
+    bf16 matmul."""
+    size = 1 << 30
+    src = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_s = time_us(lambda: dst.copy_(src)) * 1e-6
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    mm_s = time_us(lambda: a @ b) * 1e-6
+    return 2 * size / copy_s, 2 * n**3 / mm_s
+
+
+# ---------------------------------------------------------------------------------------
+# Random inputs on the device.
+# ---------------------------------------------------------------------------------------
+
+SCALE_LOW, SCALE_HIGH = 120, 134  # e8m0 bytes: 2**-7 .. 2**6, a sane activation range
+
+
+def random_kv_cache(
+    num_pages: int, num_heads: int, head_dim: int, page_entries: int, device: torch.device
+) -> torch.Tensor:
+    """A cache of random MXFP4 keys: random value bytes, scales in [120, 134)."""
+    layout = cache_layout(num_heads, head_dim, page_entries)
+    kv = torch.randint(0, 256, (num_pages, layout.page_bytes), dtype=torch.uint8, device=device)
+    kv[:, layout.scale_base :] = torch.randint(
+        SCALE_LOW, SCALE_HIGH, (num_pages, layout.page_bytes - layout.scale_base),
+        dtype=torch.uint8, device=device,
+    )  # fmt: skip
+    return kv
+
+
+def random_queries(
+    rows: int, num_heads: int, head_dim: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q = torch.randint(0, 256, (rows, num_heads, head_dim // 2), dtype=torch.uint8, device=device)
+    q_scale = torch.randint(
+        SCALE_LOW, SCALE_HIGH, (rows, num_heads, head_dim // 32), dtype=torch.uint8, device=device
+    )
+    weights = torch.randn(rows, num_heads, device=device)
+    return q, q_scale, weights
+
+
+def random_block_table(
+    contexts: list[int], page_entries: int, device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """Every seq's pages, shuffled over the cache (pages are never adjacent in order)."""
+    pages = [cdiv(c, page_entries) for c in contexts]
+    total = sum(pages)
+    order = torch.randperm(total, device=device).to(torch.int32)
+    table = torch.zeros((len(contexts), max(pages, default=1)), dtype=torch.int32, device=device)
+    start = 0
+    for s, count in enumerate(pages):
+        table[s, :count] = order[start : start + count]
+        start += count
+    return table, total
+
+
+def compare(got: torch.Tensor, want: torch.Tensor) -> str:
+    """'OK' or 'FAIL: ...' for float32 logits (NaN pattern equal, values to fp32 order)."""
+    if not torch.equal(got.isnan(), want.isnan()):
+        return f"FAIL: {int((got.isnan() != want.isnan()).sum())} written/NaN columns differ"
+    if not torch.equal(got.isinf(), want.isinf()):
+        return "FAIL: inf columns differ"
+    finite = want.isfinite()
+    if not bool(finite.any()):
+        return "OK"
+    scale = float(want[finite].abs().max())
+    err = float((got[finite].double() - want[finite].double()).abs().max())
+    bound = 1e-5 * max(scale, 1.0)
+    return "OK" if err <= bound else f"FAIL: max error {err:.3g} > {bound:.3g}"
+
+
+# ---------------------------------------------------------------------------------------
+# Cases.
+# ---------------------------------------------------------------------------------------
+
+HEAD_DIM = 128
+CHECK_SEQS = 4
+
+
+def _logits_bytes_flops(
+    row_lens: list[int], seq_keys: int, rows: int, num_heads: int
+) -> tuple[float, float]:
+    entry_bytes = HEAD_DIM // 2 + HEAD_DIM // 32
+    written = sum(row_lens)
+    bytes_moved = (
+        seq_keys * entry_bytes  # K read once
+        + rows * num_heads * (HEAD_DIM // 2 + HEAD_DIM // 32 + 4)  # q, q_scale, weights
+        + written * 4  # logits
+    )
+    flops = 2.0 * written * num_heads * HEAD_DIM
+    return float(bytes_moved), flops
+
+
+def dense_decode_case(
+    name: str,
+    num_heads: int,
+    next_n: int,
+    contexts: list[int],
+    page_entries: int,
+    ceilings: Ceilings,
+    device: torch.device,
+    *,
+    use_schedule: bool = False,
+    config: object | None = None,
+) -> CaseResult:
+    from graphidx.ops import paged_mqa_logits
+    from graphidx.ops.kernels import logits as triton_logits
+    from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
+
+    seqs = len(contexts)
+    rows = seqs * next_n
+    width = max(contexts)
+    table, pages = random_block_table(contexts, page_entries, device)
+    kv = random_kv_cache(pages, num_heads, HEAD_DIM, page_entries, device)
+    q, q_scale, weights = random_queries(rows, num_heads, HEAD_DIM, device)
+    context_lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+    ends = [c - (next_n - 1 - j) for c in contexts for j in range(next_n)]
+    row_ends = torch.tensor(ends, dtype=torch.int32, device=device)
+    out = torch.full((rows, width), float("nan"), device=device)
+    schedule = None
+    notes: dict[str, Any] = {}
+    if use_schedule:
+        schedule = allocate_schedule(seqs, width, device)
+        build_decode_schedule(row_ends, schedule, next_n=next_n, backend="triton")
+        notes["schedule_items"] = int(schedule[0])
+        notes["schedule_build_us"] = round(
+            time_us(
+                lambda: build_decode_schedule(row_ends, schedule, next_n=next_n, backend="triton")
+            ),
+            2,
+        )
+
+    def run() -> None:
+        triton_logits.paged_mqa_logits(
+            q, q_scale, kv, weights, context_lens, table, row_ends, out,
+            next_n=next_n, schedule=schedule, page_entries=page_entries,
+            config=config,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    run()
+    _sync(device)
+    sample = slice(0, min(CHECK_SEQS, seqs) * next_n)
+    want = torch.full((sample.stop, width), float("nan"), device=device)
+    paged_mqa_logits(
+        q[sample], q_scale[sample], kv, weights[sample], context_lens[: sample.stop // next_n],
+        table[: sample.stop // next_n], row_ends[sample], want,
+        next_n=next_n, page_entries=page_entries, backend="reference",
+    )  # fmt: skip
+    check = compare(out[sample], want)
+    elapsed = time_us(run)
+    row_lens = [max(0, min(end, contexts[r // next_n])) for r, end in enumerate(ends)]
+    bytes_moved, flops = _logits_bytes_flops(row_lens, sum(contexts), rows, num_heads)
+    shape = f"H{num_heads} next_n {next_n}, {seqs} seqs, {sum(contexts)} keys"
+    return CaseResult(
+        name, shape, elapsed, bytes_moved, flops, floor_us(bytes_moved, flops, ceilings), check,
+        notes,
+    )  # fmt: skip
+
+
+def prefill_case(
+    num_heads: int, rows: int, context: int, ceilings: Ceilings, device: torch.device
+) -> CaseResult:
+    from graphidx.ops import paged_mqa_logits
+
+    page_entries = 64
+    table, pages = random_block_table([context], page_entries, device)
+    kv = random_kv_cache(pages, num_heads, HEAD_DIM, page_entries, device)
+    q, q_scale, weights = random_queries(rows, num_heads, HEAD_DIM, device)
+    context_lens = torch.tensor([context], dtype=torch.int32, device=device)
+    # The chunk's rows are the last `rows` tokens of the request (causal ends).
+    ends = [context - rows + r + 1 for r in range(rows)]
+    row_ends = torch.tensor(ends, dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, rows], dtype=torch.int32, device=device)
+    out = torch.empty((rows, context), device=device)
+
+    def run() -> None:
+        paged_mqa_logits(
+            q, q_scale, kv, weights, context_lens, table, row_ends, out,
+            query_start_loc=qsl, page_entries=page_entries, backend="triton",
+        )  # fmt: skip
+
+    out.fill_(float("nan"))
+    run()
+    _sync(device)
+    checks = []
+    for first in (0, rows - 8):
+        part = slice(first, first + 8)
+        want = torch.full((8, context), float("nan"), device=device)
+        paged_mqa_logits(
+            q[part], q_scale[part], kv, weights[part], context_lens, table, row_ends[part], want,
+            query_start_loc=torch.tensor([0, 8], dtype=torch.int32, device=device),
+            page_entries=page_entries, backend="reference",
+        )  # fmt: skip
+        checks.append(compare(out[part], want))
+    check = next((c for c in checks if c != "OK"), "OK")
+    elapsed = time_us(run)
+    bytes_moved, flops = _logits_bytes_flops(ends, context, rows, num_heads)
+    shape = f"H{num_heads}, {rows} rows x {context} keys (causal)"
+    return CaseResult(
+        "prefill chunk", shape, elapsed, bytes_moved, flops,
+        floor_us(bytes_moved, flops, ceilings), check,
+    )  # fmt: skip
+
+
+def gather_case(
+    num_heads: int,
+    next_n: int,
+    seqs: int,
+    context: int,
+    pool_blocks: int,
+    block_size: int,
+    ceilings: Ceilings,
+    device: torch.device,
+) -> CaseResult:
+    from graphidx.ops import gather_mqa_logits, resolve_candidate_pool
+
+    page_entries = 128
+    rows = seqs * next_n
+    contexts = [context] * seqs
+    table, pages = random_block_table(contexts, page_entries, device)
+    kv = random_kv_cache(pages, num_heads, HEAD_DIM, page_entries, device)
+    q, q_scale, weights = random_queries(rows, num_heads, HEAD_DIM, device)
+    context_lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+    row_ends = torch.tensor(
+        [context - (next_n - 1 - j) for _ in range(seqs) for j in range(next_n)],
+        dtype=torch.int32, device=device,
+    )  # fmt: skip
+    blocks = cdiv(context, block_size)
+    block_ids = torch.argsort(torch.rand(rows, blocks, device=device), dim=1)[:, :pool_blocks]
+    positions = torch.empty((rows, pool_blocks), dtype=torch.int32, device=device)
+    live = torch.empty(rows, dtype=torch.int32, device=device)
+    resolve_candidate_pool(
+        block_ids.to(torch.int32), row_ends, block_size, positions, live, backend="triton"
+    )
+    width = pool_blocks * block_size
+    out = torch.full((rows, width), float("nan"), device=device)
+
+    def launch(backend: str, seq_count: int, target: torch.Tensor) -> None:
+        part = slice(0, seq_count * next_n)
+        gather_mqa_logits(
+            q[part], q_scale[part], kv, weights[part], context_lens[:seq_count],
+            table[:seq_count], positions[part], live[part], target,
+            candidate_block_size=block_size, next_n=next_n, page_entries=page_entries,
+            backend=backend,
+        )  # fmt: skip
+
+    def run() -> None:
+        launch("triton", seqs, out)
+
+    run()
+    _sync(device)
+    want = torch.full((CHECK_SEQS * next_n, width), float("nan"), device=device)
+    launch("reference", CHECK_SEQS, want)
+    check = compare(out[: CHECK_SEQS * next_n], want)
+    elapsed = time_us(run)
+    entry_bytes = HEAD_DIM // 2 + HEAD_DIM // 32
+    scored = rows * width
+    bytes_moved = float(
+        scored * entry_bytes  # every gathered key read once per row
+        + rows * pool_blocks * 4  # positions
+        + rows * num_heads * (entry_bytes + 4)
+        + scored * 4
+    )
+    flops = 2.0 * scored * num_heads * HEAD_DIM
+    shape = f"H{num_heads}, {rows} rows x {width} cols (C={block_size}), context {context}"
+    return CaseResult(
+        "gather", shape, elapsed, bytes_moved, flops, floor_us(bytes_moved, flops, ceilings),
+        check,
+    )  # fmt: skip
+
+
+def topk_cases(
+    rows: int, width: int, k: int, ceilings: Ceilings, device: torch.device
+) -> list[CaseResult]:
+    from graphidx.ops import topk_per_row
+
+    logits = torch.randn(rows, width, device=device)
+    lengths = torch.full((rows,), width, dtype=torch.int32, device=device)
+    out = torch.full((rows, k), -7, dtype=torch.int32, device=device)
+
+    def run() -> None:
+        topk_per_row(logits, lengths, k, out, backend="triton")
+
+    run()
+    _sync(device)
+    want_values = torch.topk(logits, k, dim=1).values.sort(dim=1).values
+    got_values = logits.gather(1, out.clamp(min=0).long()).sort(dim=1).values
+    distinct = all(len(set(r)) == k for r in out[:8].tolist())
+    check = "OK" if torch.equal(got_values, want_values) and distinct else "FAIL: wrong picks"
+    elapsed = time_us(run)
+    torch_us = time_us(lambda: torch.topk(logits, k, dim=1))
+    bytes_moved = float(rows * width * 4 + rows * k * 4)
+    read_us = 1e6 * rows * width * 4 / ceilings.copy_bytes_per_s
+    shape = f"{rows} rows x {width} cols, k {k}"
+    return [
+        CaseResult(
+            f"top-k {k}", shape, elapsed, bytes_moved, 0.0,
+            floor_us(bytes_moved, 0.0, ceilings), check,
+            {"vs_torch_topk": round(torch_us / elapsed, 2),
+             "x_one_read": round(elapsed / read_us, 2)},
+        ),
+        CaseResult(
+            f"torch.topk {k}", shape, torch_us, bytes_moved, 0.0,
+            floor_us(bytes_moved, 0.0, ceilings), "-",
+        ),
+    ]  # fmt: skip
+
+
+def skewed_decode_cases(
+    ceilings: Ceilings, device: torch.device, *, scale: int = 1
+) -> list[CaseResult]:
+    """One 128K-key request + 63 of 1K vs the same keys spread evenly (64 heads, next_n 2)."""
+    long_keys, short_keys, seqs = 131072 // scale, 1024 // scale, 64
+    skewed = [long_keys] + [short_keys] * (seqs - 1)
+    even = [sum(skewed) // seqs] * seqs
+    results = [
+        dense_decode_case("decode skewed (schedule)", 64, 2, skewed, 64, ceilings, device,
+                          use_schedule=True),
+        dense_decode_case("decode even (schedule)", 64, 2, even, 64, ceilings, device,
+                          use_schedule=True),
+        dense_decode_case("decode skewed (static)", 64, 2, skewed, 64, ceilings, device),
+    ]  # fmt: skip
+    results[0].notes["vs_even"] = round(results[0].time_us / results[1].time_us, 2)
+    return results
+
+
+def sweep_dense_decode(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
+    """Time the two dense decode cases under a small grid of tile configs (for tuning).
+
+    Every config is checked against the reference like the main cases.
+    """
+    from graphidx.ops.kernels.logits import LogitsConfig
+
+    results = []
+    shapes = [(64, [16384] * 64, 64), (32, [65536] * 64, 128)]
+    for heads, contexts, page_entries in shapes:
+        for block_n in (64, 128):
+            for num_warps in (4, 8):
+                for num_stages in (1, 2, 3):
+                    config = LogitsConfig(block_n, 2, num_warps, num_stages)
+                    label = f"sweep H{heads} n{block_n} w{num_warps} s{num_stages}"
+                    try:
+                        results.append(
+                            dense_decode_case(
+                                label, heads, 2, contexts, page_entries, ceilings, device,
+                                config=config,
+                            )
+                        )  # fmt: skip
+                    except Exception as err:  # a config that cannot compile is a data point
+                        results.append(
+                            CaseResult(label, "-", 0.0, 0.0, 0.0, 0.0, f"FAIL: {err!r}"[:200])
+                        )
+    return results
+
+
+def run_benchmarks(
+    device: torch.device, *, quick: bool = False, ceilings: Ceilings | None = None
+) -> list[CaseResult]:
+    """Every issue-5 case (quick: 1/4 of the keys and rows); a failing case becomes FAIL."""
+    ceilings = ceilings or Ceilings()
+    div = 4 if quick else 1
+    cases: list[tuple[str, Callable[[], list[CaseResult]]]] = [
+        ("dense decode H64", lambda: [dense_decode_case(
+            "dense decode", 64, 2, [16384 // div] * 64, 64, ceilings, device)]),
+        ("dense decode H32", lambda: [dense_decode_case(
+            "dense decode", 32, 2, [65536 // div] * 64, 128, ceilings, device)]),
+        ("prefill", lambda: [prefill_case(64, 4096 // div, 32768 // div, ceilings, device)]),
+        ("gather", lambda: [gather_case(32, 2, 64, 65536 // div, 2048, 8, ceilings, device)]),
+        ("top-k 512", lambda: topk_cases(128, 65536, 512, ceilings, device)),
+        ("top-k 2048", lambda: topk_cases(128, 65536, 2048, ceilings, device)),
+        ("skewed decode", lambda: skewed_decode_cases(ceilings, device, scale=div)),
+    ]  # fmt: skip
+    results: list[CaseResult] = []
+    for label, build in cases:
+        started = time.time()
+        try:
+            results.extend(build())
+        except Exception as err:  # report and keep going: one broken case must not hide others
+            trace = traceback.format_exc(limit=3).strip().splitlines()[-1]
+            results.append(CaseResult(label, "-", 0.0, 0.0, 0.0, 0.0, f"FAIL: {err!r}"[:300],
+                                      {"trace": trace}))  # fmt: skip
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        print(f"  {label}: {time.time() - started:.1f} s", flush=True)
+    return results
+
+
+# ---------------------------------------------------------------------------------------
+# Reporting.
+# ---------------------------------------------------------------------------------------
+
+
+def format_table(results: list[CaseResult]) -> str:
+    header = (
+        f"{'case':<26} {'shape':<52} {'time us':>10} {'floor us':>9} {'TB/s':>6} "
+        f"{'TFLOP/s':>8} {'% floor':>8}  check"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        lines.append(
+            f"{r.name:<26} {r.shape:<52} {r.time_us:>10.1f} {r.floor_us:>9.1f} {r.tbps:>6.2f} "
+            f"{r.tflops:>8.1f} {r.pct_of_floor:>7.0f}%  {r.check}"
+            + (f"  {r.notes}" if r.notes else "")
+        )
+    return "\n".join(lines)
+
+
+def plot_roofline(results: list[CaseResult], ceilings: Ceilings, path: Path) -> bool:
+    """Achieved TFLOP/s (or TB/s-equivalent for flop-free cases) against the roofline."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    bandwidth = ceilings.copy_bytes_per_s
+    peak = ceilings.matmul_flops_per_s
+    fig, ax = plt.subplots(figsize=(9, 6))
+    intensities = [10 ** (x / 10) for x in range(-10, 41)]
+    ax.plot(intensities, [min(peak, bandwidth * i) / 1e12 for i in intensities], "k-", label="roof")
+    for r in results:
+        if r.time_us <= 0 or r.flops <= 0 or r.bytes_moved <= 0:
+            continue
+        intensity = r.flops / r.bytes_moved
+        ax.plot(intensity, r.tflops, "o")
+        ax.annotate(f"{r.name} ({r.pct_of_floor:.0f}%)", (intensity, r.tflops), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(
+        f"graphidx kernels vs roofline ({bandwidth / 1e12:.1f} TB/s, {peak / 1e12:.0f} TFLOP/s)"
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_outputs(
+    results: list[CaseResult], ceilings: Ceilings, out_dir: Path, meta: dict[str, Any]
+) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "kernels.json"
+    payload = {
+        "meta": meta,
+        "ceilings": asdict(ceilings),
+        "results": [
+            {**asdict(r), "tbps": r.tbps, "tflops": r.tflops, "pct_of_floor": r.pct_of_floor}
+            for r in results
+        ],
+    }
+    json_path.write_text(json.dumps(payload, indent=2, default=str))
+    written = [json_path]
+    png = out_dir / "roofline.png"
+    if plot_roofline(results, ceilings, png):
+        written.append(png)
+    return written
+
+
+def run(
+    out_dir: Path, *, quick: bool = False, measure: bool = True, sweep: bool = False
+) -> list[CaseResult]:
+    """Measure the ceilings, run every case (and the tile sweep), print the table, write
+    JSON + PNG."""
+    if not torch.cuda.is_available():
+        raise SystemExit("graphidx bench needs a CUDA/ROCm GPU")
+    device = torch.device("cuda")
+    ceilings = Ceilings()
+    if measure:
+        copy_rate, matmul_rate = measure_ceilings(device)
+        ceilings = Ceilings(
+            measured_copy_bytes_per_s=copy_rate, measured_matmul_flops_per_s=matmul_rate
+        )
+        print(
+            f"ceilings: copy {copy_rate / 1e12:.2f} TB/s, bf16 matmul "
+            f"{matmul_rate / 1e12:.0f} TFLOP/s (floors use the "
+            f"nominal {NOMINAL_COPY_BYTES_PER_S / 1e12} TB/s, "
+            f"{NOMINAL_MATMUL_FLOPS_PER_S / 1e12:.0f} TFLOP/s)",
+            flush=True,
+        )
+    results = run_benchmarks(device, quick=quick, ceilings=ceilings)
+    if sweep:
+        results.extend(sweep_dense_decode(ceilings, device))
+    print(format_table(results))
+    meta = {
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "quick": quick,
+    }
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    for path in write_outputs(results, ceilings, out_dir, meta):
+        print(f"wrote {path}")
+    return results
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry point of `graphidx bench` (args.quick, args.out); 1 when a check failed."""
+    results = run(Path(args.out), quick=bool(getattr(args, "quick", False)))
+    return 1 if any(r.check.startswith("FAIL") for r in results) else 0
+
+
+__all__ = [
+    "CaseResult",
+    "Ceilings",
+    "floor_us",
+    "format_table",
+    "main",
+    "measure_ceilings",
+    "run",
+    "run_benchmarks",
+    "sweep_dense_decode",
+    "time_us",
+    "write_outputs",
+]
