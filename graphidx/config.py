@@ -199,9 +199,7 @@ class IndexerConfig:
         ratios = hf_config.get("compress_ratios", 1)
         if isinstance(ratios, (list, tuple)):
             if not 0 <= layer < len(ratios):
-                raise ValueError(
-                    f"layer {layer} is outside compress_ratios (length {len(ratios)})"
-                )
+                raise ValueError(f"layer {layer} is outside compress_ratios (length {len(ratios)})")
             ratio = ratios[layer]
         else:
             ratio = ratios

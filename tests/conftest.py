@@ -14,8 +14,8 @@ except Exception:  # pragma: no cover - torch is a hard dependency
 if not _HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
