@@ -22,9 +22,14 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@functools.cache
+# Looked up once, at import: a plain constant keeps `resolve_backend` free of cached calls,
+# which torch.compile would otherwise trace through (with a warning) inside the layers.
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    """True when the triton package is installed."""
+    return _TRITON_INSTALLED
 
 
 @functools.cache

@@ -12,6 +12,7 @@ callable, and the runner captures and replays its compiled step.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from graphidx.builder import CandidateIndexerMetadataBuilder, IndexerMetadataBui
 from graphidx.config import IndexerConfig, cdiv
 from graphidx.indexer import candidate_consumer, dense_indexer
 from graphidx.metadata import IndexerMetadata
+from graphidx.ops.backend import resolve_backend, triton_interpreted
 from graphidx.runner import IndexerGraphRunner, IndexerStack, LayerInput
 from graphidx.testing import StepGenerator, check_replay, random_kv_cache, random_layer_input
 from graphidx.workspace import IndexerWorkspace
@@ -210,6 +212,23 @@ def test_dense_indexer_compiles_fullgraph_equal_to_eager() -> None:
     _assert_same_rows(eager, compiled)
     assert len(log.graphs) == 1
     assert log.custom_ops() == {"paged_mqa_logits", "topk_per_row"}
+
+
+@pytest.mark.parametrize("name", [None, "reference", "triton"])
+def test_backend_resolution_traces_cleanly(name: str | None) -> None:
+    # The layers resolve their ops' backend inside the traced region: no graph break, and
+    # no cached call that dynamo would trace through with a warning.
+    if name == "triton" and not triton_interpreted():
+        pytest.skip("triton on CPU tensors needs TRITON_INTERPRET=1")
+    x = torch.arange(3.0)
+
+    def add_name_length(x: torch.Tensor) -> torch.Tensor:
+        return x + len(resolve_backend(name, x.device))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = torch.compile(add_name_length, fullgraph=True, backend="eager")(x)
+    assert torch.equal(got, x + len(resolve_backend(name, x.device)))
 
 
 def test_bad_input_is_still_refused_under_compile() -> None:
