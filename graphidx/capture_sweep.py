@@ -11,6 +11,8 @@ Presets (`--preset`; default `cpu-demo` on a CPU, `v41-flash` on a GPU):
 - `cpu-demo`: `IndexerConfig.cpu_demo()`, 1 candidate source + 2 consumer layers;
 - `v41-flash`: `IndexerConfig.deepseek_v41_flash()`, 1 candidate source + 3 consumer layers;
 - `v32`: `IndexerConfig.deepseek_v32()`, 2 dense indexer layers.
+The model presets are full size, meant for a GPU; on a CPU they run on the tape too, but
+allocate their full workspaces (several GiB for v41-flash's 1M-token window).
 Sizes and `--max-batch` count query tokens (rows) of a uniform decode step, so with
 `next_n = 2` a batch of 64 decode requests is 128 tokens.
 
@@ -104,7 +106,10 @@ def sweep_settings(preset: str | None, device: torch.device) -> SweepSettings:
 
 @dataclass
 class SweepReport:
-    """The sweep's outcome; `to_dict()` is the JSON report (module docstring)."""
+    """The sweep's outcome; `to_dict()` is the JSON report (module docstring).
+
+    `stats`: the runner's `GraphCache.stats().to_dict()` right after the captures.
+    """
 
     settings: SweepSettings
     ops_backend: str
