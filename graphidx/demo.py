@@ -170,7 +170,8 @@ class ServingSimulation:
     def _write_keys(self, plan: list[tuple[Request, int]], table: torch.Tensor) -> None:
         """Write the keys of this step's new tokens into every layer's cache."""
         cfg, dev = self.s.config, self.s.device
-        positions, reqs = [], []
+        positions: list[int] = []
+        reqs: list[int] = []
         for i, (r, q) in enumerate(plan):
             positions.extend(range(r.seq_len, r.seq_len + q))
             reqs.extend([i] * q)

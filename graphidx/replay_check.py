@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,7 +34,9 @@ def harness_shapes(device: torch.device) -> list[HarnessShape]:
     small = device.type != "cuda"
     heads, dim = (8, 64) if small else (64, 128)
     cand_heads = 8 if small else 32
-    common = dict(max_model_len=4096 if small else 32768, max_num_seqs=16 if small else 64)
+    common: dict[str, Any] = dict(
+        max_model_len=4096 if small else 32768, max_num_seqs=16 if small else 64
+    )
     tokens = 256 if small else 2048
     return [
         HarnessShape(

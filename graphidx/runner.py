@@ -116,11 +116,16 @@ class IndexerGraphRunner:
         ops_backend: str | None = None,
         capture_sizes: CaptureSizes | None = None,
         compile_layers: bool = False,
+        compile_backend: str | None = None,
     ) -> None:
         """`kv_caches`: one paged uint8 cache per layer (SPEC 4), never reallocated.
         `graph_backend`: "device" (CUDA/HIP graphs) or "tape" (any device). `ops_backend`:
-        the kernels' backend (None: the device's default). `compile_layers`: run the layers
-        through `torch.compile(fullgraph=True)` (eager and captured alike)."""
+        the kernels' backend (None: the device's default). `compile_layers`: run the
+        uniform-decode layer step (captured, replayed, and its eager runs) through
+        `torch.compile(fullgraph=True)`; other steps change structure every step and run the
+        plain layers. `compile_backend`: torch.compile's backend, by default "inductor" for
+        device graphs and "eager" for the tape — the tape records dispatched ops, and
+        inductor's fused kernels are not dispatched ops, so only "eager" is sound there."""
         self.config = config
         self.stack = stack
         self.device = torch.device(device)
@@ -164,9 +169,25 @@ class IndexerGraphRunner:
         self.buffers = self._allocate_inputs()
         self.graphs = GraphCache(get_backend(graph_backend), buffers=self.buffers)
         self.counters = RunnerCounters()
-        self._layers: Callable[[IndexerMetadata], None] = (
-            torch.compile(self._run_layers, fullgraph=True) if compile_layers else self._run_layers
+        self._decode_layers = self._compiled_layers(compile_layers, compile_backend, graph_backend)
+
+    def _compiled_layers(
+        self, compile_layers: bool, compile_backend: str | None, graph_backend: str
+    ) -> Callable[[IndexerMetadata], None]:
+        if not compile_layers:
+            if compile_backend is not None:
+                raise ValueError("compile_backend is set but compile_layers=False")
+            return self._run_layers
+        backend = compile_backend or ("eager" if graph_backend == "tape" else "inductor")
+        if graph_backend == "tape" and backend != "eager":
+            raise ValueError(
+                f"compile_backend={backend!r} with the tape: only 'eager' is sound (fused "
+                "kernels are not dispatched ops, so the tape would not record them)"
+            )
+        compiled: Callable[[IndexerMetadata], None] = torch.compile(
+            self._run_layers, fullgraph=True, backend=backend
         )
+        return compiled
 
     # ------------------------------------------------------------------ buffers
     def _allocate_inputs(self) -> StaticBuffers:
@@ -215,16 +236,18 @@ class IndexerGraphRunner:
         """Load a dummy uniform batch of `shape`, build its metadata, and return the
         function the backend captures: every layer on that (shape-only) metadata."""
         next_n = self.config.next_n
+        # Every dummy request reads page 0: any cache of at least one page can capture.
         dummy = StepBatch.from_lists(
             self.config,
             query_lens=[next_n] * shape.num_reqs,
             seq_lens=[next_n] * shape.num_reqs,
+            block_table=torch.zeros(shape.num_reqs, 1, dtype=torch.int32, device=self.device),
             num_pages=self.num_pages,
             device=self.device,
         )
         self._load_batch(dummy, None, shape)
         metadata = self._build(dummy, shape)
-        return lambda: self._layers(metadata)
+        return lambda: self._decode_layers(metadata)
 
     # ------------------------------------------------------------------ step
     def step(
@@ -260,10 +283,14 @@ class IndexerGraphRunner:
             self.graphs.replay(shape)
         else:
             if reason is None:
-                reason = "forced eager" if force_eager else f"shape {shape.label} not captured"
+                label = shape.label if shape is not None else "?"
+                reason = "forced eager" if force_eager else f"shape {label} not captured"
             if not force_eager and pad:
                 self.graphs.record_eager(shape, reason)
-            self._layers(metadata)
+            # Only captured shapes use the compiled step: others vary in structure per step.
+            captured = shape is not None and shape in self.graphs
+            layers = self._decode_layers if captured else self._run_layers
+            layers(metadata)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
