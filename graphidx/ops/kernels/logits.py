@@ -44,9 +44,11 @@ from graphidx.ops.kernels.mxfp4_tl import (
     load_key_tile,
     load_query_tile,
     max_propagate_nan,
+    mma_operand,
     relu_propagate_nan,
     seq_of_row,
     tile_scores,
+    tile_split,
 )
 from graphidx.ops.schedule import SCHEDULE_HEADER_INTS, SCHEDULE_ITEM_INTS
 
@@ -87,7 +89,11 @@ def default_config(
         block_r = max(1, 256 // heads_pad)
     else:
         block_r = next_power_of_2(rows_per_group)
-    block_n = 16 if dot_in_fp32() else 64
+    # Wide MMAs (N = block_r * heads_pad >= 128) fill the registers at 64 keys; narrow ones
+    # amortize the per-tile overhead over 128 (sm_90 SASS: ~1000 vs ~1070 instructions per
+    # key at H = 32). The interpreter gets small tiles: they keep the tests fast.
+    wide = block_r * heads_pad >= 128
+    block_n = 16 if dot_in_fp32() else (64 if wide else 128)
     block_n = max(block_n, candidate_block_size)
     num_warps = 4 if block_r * heads_pad <= 128 else 8
     return LogitsConfig(block_n=block_n, block_r=block_r, num_warps=num_warps, num_stages=2)
@@ -123,7 +129,8 @@ def _score_group(
     H: tl.constexpr,
     HP: tl.constexpr,
     D: tl.constexpr,
-    CHUNKS: tl.constexpr,
+    SUB: tl.constexpr,
+    RUN: tl.constexpr,
     E: tl.constexpr,
     NPT: tl.constexpr,
     LANES: tl.constexpr,
@@ -176,40 +183,93 @@ def _score_group(
             q_head_stride,
             qs_row_stride,
             qs_head_stride,
-            D,
-            CHUNKS,
+            SUB,
+            RUN,
         )
-        queries_t = tl.trans(queries)
+        queries_t = mma_operand(tl.trans(queries), FP32_DOT)
         weights = tl.load(w_ptr + q_row.to(tl.int64) * w_row_stride + q_head, mask=q_ok, other=0.0)
         weights = weights * WEIGHT_RESCALE
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
-        out_rows = out_ptr + row.to(tl.int64)[None, :] * out_row_stride
-        for tile_start in range(key_start, key_stop, BLOCK_N):
-            key = tile_start + tl.arange(0, BLOCK_N)
-            live = key < key_stop
-            page = tl.load(block_row + key // E, mask=live, other=0)
-            keys = load_key_tile(
-                kv_ptr, page.to(tl.int64) * page_stride, key % E, live, D, E, NPT, LANES, CHUNKS
-            )
-            scores = relu_propagate_nan(tile_scores(keys, queries_t, FP32_DOT))
-            scores = scores * weights[None, :]
-            logits = tl.sum(tl.reshape(scores, [BLOCK_N, BLOCK_R, HP]), axis=2)
-            visible = key[:, None] < row_len[None, :]
-            tl.store(out_rows + key[:, None], logits, mask=visible)
-            if HAS_BLOCK_SCORES:
-                BLOCKS: tl.constexpr = BLOCK_N // C
-                masked = tl.where(visible, logits, float("-inf"))
-                block_max = tl.reduce(
-                    tl.reshape(masked, [BLOCKS, C, BLOCK_R]), 1, max_propagate_nan
-                )
-                block = tile_start // C + tl.arange(0, BLOCKS)
-                newest = (row_len - 1) // C
-                block_max = tl.where(block[:, None] == newest[None, :], float("inf"), block_max)
-                tl.store(
-                    bs_ptr + row.to(tl.int64)[None, :] * bs_row_stride + block[:, None],
-                    block_max,
-                    mask=block[:, None] < tl.cdiv(row_len, C)[None, :],
-                )
+        full_stop = key_start + (key_stop - key_start) // BLOCK_N * BLOCK_N
+        for tile_start in range(key_start, full_stop, BLOCK_N):
+            _score_tile(
+                tile_start, key_stop, row, row_len, queries_t, weights, kv_ptr, block_row,
+                out_ptr, bs_ptr, page_stride, out_row_stride, bs_row_stride,
+                HP, D, SUB, RUN, E, NPT, LANES, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, FP32_DOT,
+                False,
+            )  # fmt: skip
+        if full_stop < key_stop:
+            _score_tile(
+                full_stop, key_stop, row, row_len, queries_t, weights, kv_ptr, block_row,
+                out_ptr, bs_ptr, page_stride, out_row_stride, bs_row_stride,
+                HP, D, SUB, RUN, E, NPT, LANES, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, FP32_DOT,
+                True,
+            )  # fmt: skip
+
+
+@triton.jit
+def _score_tile(
+    tile_start,
+    key_stop,
+    row,
+    row_len,
+    queries_t,
+    weights,
+    kv_ptr,
+    block_row,
+    out_ptr,
+    bs_ptr,
+    page_stride,
+    out_row_stride,
+    bs_row_stride,
+    HP: tl.constexpr,
+    D: tl.constexpr,
+    SUB: tl.constexpr,
+    RUN: tl.constexpr,
+    E: tl.constexpr,
+    NPT: tl.constexpr,
+    LANES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BLOCK_SCORES: tl.constexpr,
+    C: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Keys [tile_start, tile_start + BLOCK_N) of one row group: logits and block scores.
+
+    tile_start is a multiple of BLOCK_N; MASKED when the tile runs past key_stop.
+    """
+    key = tile_start + tl.arange(0, BLOCK_N)
+    live = key < key_stop
+    if E % BLOCK_N == 0:
+        # The tile lies in one page: one block-table read, one 64-bit page address.
+        page = tl.load(block_row + tile_start // E)
+        page_ptr = kv_ptr + page.to(tl.int64) * page_stride
+        entry = tile_start % E + tl.arange(0, BLOCK_N)
+    else:
+        page = tl.load(block_row + key // E, mask=live, other=0)
+        page_ptr = kv_ptr + page.to(tl.int64) * page_stride
+        entry = key % E
+    keys = load_key_tile(page_ptr, entry, live, D, E, NPT, LANES, SUB, RUN, MASKED)
+    scores = relu_propagate_nan(tile_scores(keys, queries_t, FP32_DOT))
+    scores = scores * weights[None, :]
+    logits = tl.sum(tl.reshape(scores, [BLOCK_N, BLOCK_R, HP]), axis=2)
+    visible = key[:, None] < row_len[None, :]
+    out_rows = out_ptr + row.to(tl.int64)[None, :] * out_row_stride
+    tl.store(out_rows + key[:, None], logits, mask=visible)
+    if HAS_BLOCK_SCORES:
+        BLOCKS: tl.constexpr = BLOCK_N // C
+        masked = tl.where(visible, logits, float("-inf"))
+        block_max = tl.reduce(tl.reshape(masked, [BLOCKS, C, BLOCK_R]), 1, max_propagate_nan)
+        block = tile_start // C + tl.arange(0, BLOCKS)
+        newest = (row_len - 1) // C
+        block_max = tl.where(block[:, None] == newest[None, :], float("inf"), block_max)
+        tl.store(
+            bs_ptr + row.to(tl.int64)[None, :] * bs_row_stride + block[:, None],
+            block_max,
+            mask=block[:, None] < tl.cdiv(row_len, C)[None, :],
+        )
 
 
 @triton.jit
@@ -239,7 +299,8 @@ def _logits_static_kernel(
     H: tl.constexpr,
     HP: tl.constexpr,
     D: tl.constexpr,
-    CHUNKS: tl.constexpr,
+    SUB: tl.constexpr,
+    RUN: tl.constexpr,
     E: tl.constexpr,
     NPT: tl.constexpr,
     LANES: tl.constexpr,
@@ -283,7 +344,8 @@ def _logits_static_kernel(
         H,
         HP,
         D,
-        CHUNKS,
+        SUB,
+        RUN,
         E,
         NPT,
         LANES,
@@ -325,7 +387,8 @@ def _logits_scheduled_kernel(
     H: tl.constexpr,
     HP: tl.constexpr,
     D: tl.constexpr,
-    CHUNKS: tl.constexpr,
+    SUB: tl.constexpr,
+    RUN: tl.constexpr,
     E: tl.constexpr,
     NPT: tl.constexpr,
     LANES: tl.constexpr,
@@ -389,7 +452,8 @@ def _logits_scheduled_kernel(
             H,
             HP,
             D,
-            CHUNKS,
+            SUB,
+            RUN,
             E,
             NPT,
             LANES,
@@ -497,6 +561,7 @@ def paged_mqa_logits(
     else:
         grouping, rows_per_seq = GROUP_FIXED, 1 if next_n is None else next_n
         num_seqs = rows // rows_per_seq
+    sub, run = tile_split(head_dim)
     heads_pad = max(next_power_of_2(num_heads), MIN_MMA_COLUMNS)
     size = candidate_block_size if block_scores is not None else 1
     cfg = config or default_config(grouping, heads_pad, rows_per_seq, size)
@@ -513,7 +578,8 @@ def paged_mqa_logits(
         H=num_heads,
         HP=heads_pad,
         D=head_dim,
-        CHUNKS=next_power_of_2(head_dim // 32),
+        SUB=sub,
+        RUN=run,
         E=layout.page_entries,
         NPT=layout.n_per_tile,
         LANES=layout.scale_lanes,
