@@ -216,6 +216,33 @@ def test_dense_logits_match_reference(
             assert bool((tail == NEG_INF).all() if clean else tail.isnan().all()), (r, n)
 
 
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_dense_native_rows_split_into_row_blocks(gen: torch.Generator, scheduled: bool) -> None:
+    """next_n wider than the tile's rows: each seq's rows are scored in several blocks."""
+    from graphidx.ops.kernels.logits import LogitsConfig
+    from graphidx.ops.kernels.logits import paged_mqa_logits as triton_logits
+    from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
+
+    next_n, contexts, width = 3, [40, 0, 25], 48
+    rows = next_n * len(contexts)
+    cache = make_cache(gen, contexts, num_heads=4, head_dim=64, page_entries=32)
+    q, q_scale, weights = make_queries(gen, rows, 4, 64)
+    row_ends = torch.randint(0, 45, (rows,), generator=gen).to(torch.int32)
+    want, _ = run_dense("reference", cache, (q, q_scale, weights), row_ends, width,
+                        {"next_n": next_n})  # fmt: skip
+    schedule = None
+    if scheduled:
+        schedule = allocate_schedule(len(contexts), width, "cpu", split_keys=256)
+        build_decode_schedule(row_ends, schedule, next_n=next_n, split_keys=256)
+    got = torch.full((rows, width), NAN)
+    triton_logits(
+        q, q_scale, cache.kv_cache, weights, cache.context_lens, cache.block_table, row_ends,
+        got, next_n=next_n, schedule=schedule, page_entries=cache.page_entries,
+        config=LogitsConfig(block_n=16, block_r=2, num_warps=4, num_stages=1),
+    )  # fmt: skip
+    assert_logits_match(got, want)
+
+
 def test_dense_nan_scale_propagates(gen: torch.Generator) -> None:
     cache = make_cache(gen, [40, 20], num_heads=4, head_dim=64, page_entries=32)
     layout = cache_layout(4, 64, 32)
@@ -384,6 +411,9 @@ def topk_rows(gen: torch.Generator, width: int) -> tuple[torch.Tensor, torch.Ten
         torch.randn(width, generator=gen) - 10.0,
         torch.randn(width, generator=gen) - 10.0,
         torch.full((width,), NEG_INF),
+        # Every binade from 1e-30 to 1e30, both signs: the searches span all 32 key bits.
+        torch.randn(width, generator=gen) * 10.0 ** (60 * torch.rand(width, generator=gen) - 30),
+        -torch.rand(width, generator=gen) - 1.0,  # negatives only, one binade
     ]
     rows[5][::2] = -0.0  # signed zeros tie with +0.0 under float order
     rows[5][1::2] = 0.0
@@ -391,7 +421,9 @@ def topk_rows(gen: torch.Generator, width: int) -> tuple[torch.Tensor, torch.Ten
     rows[6][::32] = torch.arange(len(rows[6][::32])).float() + 100.0
     rows[7][::32] = 100.0  # ... with ties at the threshold
     rows[7][1::32] = 50.0
-    lengths = torch.tensor([width, width, width - 7, width, 3, width + 50, width, width, width])
+    lengths = torch.tensor(
+        [width, width, width - 7, width, 3, width + 50, width, width, width, width, width]
+    )
     return torch.stack(rows), lengths.to(torch.int32)
 
 

@@ -15,11 +15,13 @@ Columns past a row's end are never written here; `clean` runs `_clean_kernel` ov
 those columns afterwards.
 
 Row groups and grids (all decided by shapes, never by device values):
-- native decode (`next_n`) / flattened: group g = seq g, rows [g * next_n, (g + 1) * next_n).
-  Static grid (num_seqs, cdiv(W, SPLIT)): program (g, i) scores keys [i * SPLIT, +SPLIT)
-  and exits at once past the group's span. With a `schedule` (graphidx.ops.schedule) a
-  persistent grid of `multiprocessor_count * PROGRAMS_PER_SM` programs walks the schedule's
-  (group, key_start, key_end) items instead, so one long request is split across the GPU.
+- native decode (`next_n`) / flattened: a seq's next_n rows (one row when flattened) form
+  one group, or cdiv(next_n, BLOCK_R) groups of BLOCK_R rows when next_n * heads would
+  exceed N = 256. Static grid (groups, cdiv(W, SPLIT)): program (g, i) scores keys
+  [i * SPLIT, +SPLIT) and exits at once past the group's span. With a `schedule`
+  (graphidx.ops.schedule) a persistent grid of `multiprocessor_count * PROGRAMS_PER_SM`
+  programs walks the schedule's (seq, key_start, key_end) items instead (every row block
+  of the seq), so one long request is split across the GPU.
 - prefill (`query_start_loc`): groups are row blocks of <= BLOCK_R rows that never cross a
   seq boundary, found on the device: programs [0, cdiv(rows, BLOCK_R)) take the aligned block
   starting at row g * BLOCK_R, clipped to the seq holding that row (binary search of
@@ -88,7 +90,8 @@ def default_config(
     if grouping == GROUP_QUERY_START_LOC:
         block_r = max(1, 256 // heads_pad)
     else:
-        block_r = next_power_of_2(rows_per_group)
+        # All of a seq's rows share each K tile, up to N = 256 columns.
+        block_r = min(next_power_of_2(rows_per_group), max(1, 256 // heads_pad))
     # Wide MMAs (N = block_r * heads_pad >= 128) fill the registers at 64 keys; narrow ones
     # amortize the per-tile overhead over 128 (sm_90 SASS: ~1000 vs ~1070 instructions per
     # key at H = 32). The interpreter gets small tiles: they keep the tests fast.
@@ -156,9 +159,11 @@ def _score_group(
             # An aligned first row belongs to an aligned block: nothing left for this program.
             row_hi = tl.where(row_lo % BLOCK_R == 0, row_lo, head_end)
     else:
-        seq = group
-        row_lo = group * ROWS_PER_SEQ
-        row_hi = row_lo + ROWS_PER_SEQ
+        # A seq's rows in blocks of BLOCK_R (one block unless next_n * heads exceeds the MMA).
+        ROW_BLOCKS: tl.constexpr = (ROWS_PER_SEQ + BLOCK_R - 1) // BLOCK_R
+        seq = group // ROW_BLOCKS
+        row_lo = seq * ROWS_PER_SEQ + (group % ROW_BLOCKS) * BLOCK_R
+        row_hi = tl.minimum(row_lo + BLOCK_R, (seq + 1) * ROWS_PER_SEQ)
 
     row = row_lo + tl.arange(0, BLOCK_R)
     row_ok = row < row_hi
@@ -415,56 +420,58 @@ def _logits_scheduled_kernel(
     complete = tl.load(schedule_ptr + 3)
     trusted = (complete == 1) & (header_groups == num_seqs) & (header_next_n == ROWS_PER_SEQ)
     num_items = tl.where(trusted, count, num_seqs * static_splits)
+    ROW_BLOCKS: tl.constexpr = (ROWS_PER_SEQ + BLOCK_R - 1) // BLOCK_R
     for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
         item_ptr = schedule_ptr + HEADER + item * ITEM
-        group = tl.where(trusted, tl.load(item_ptr, mask=trusted, other=0), item // static_splits)
+        seq = tl.where(trusted, tl.load(item_ptr, mask=trusted, other=0), item // static_splits)
         fallback_start = (item % static_splits) * SPLIT
         key_start = tl.where(trusted, tl.load(item_ptr + 1, mask=trusted, other=0), fallback_start)
         key_stop = tl.where(
             trusted, tl.load(item_ptr + 2, mask=trusted, other=0), fallback_start + SPLIT
         )
-        _score_group(
-            group,
-            key_start,
-            key_stop,
-            q_ptr,
-            q_scale_ptr,
-            kv_ptr,
-            w_ptr,
-            ctx_ptr,
-            bt_ptr,
-            row_ends_ptr,
-            out_ptr,
-            bs_ptr,
-            ctx_ptr,
-            q_row_stride,
-            q_head_stride,
-            qs_row_stride,
-            qs_head_stride,
-            page_stride,
-            w_row_stride,
-            bt_row_stride,
-            out_row_stride,
-            bs_row_stride,
-            rows,
-            num_seqs,
-            width,
-            H,
-            HP,
-            D,
-            SUB,
-            RUN,
-            E,
-            NPT,
-            LANES,
-            0,
-            ROWS_PER_SEQ,
-            BLOCK_R,
-            BLOCK_N,
-            HAS_BLOCK_SCORES,
-            C,
-            FP32_DOT,
-        )
+        for row_block in tl.static_range(ROW_BLOCKS):
+            _score_group(
+                seq * ROW_BLOCKS + row_block,
+                key_start,
+                key_stop,
+                q_ptr,
+                q_scale_ptr,
+                kv_ptr,
+                w_ptr,
+                ctx_ptr,
+                bt_ptr,
+                row_ends_ptr,
+                out_ptr,
+                bs_ptr,
+                ctx_ptr,
+                q_row_stride,
+                q_head_stride,
+                qs_row_stride,
+                qs_head_stride,
+                page_stride,
+                w_row_stride,
+                bt_row_stride,
+                out_row_stride,
+                bs_row_stride,
+                rows,
+                num_seqs,
+                width,
+                H,
+                HP,
+                D,
+                SUB,
+                RUN,
+                E,
+                NPT,
+                LANES,
+                0,
+                ROWS_PER_SEQ,
+                BLOCK_R,
+                BLOCK_N,
+                HAS_BLOCK_SCORES,
+                C,
+                FP32_DOT,
+            )
 
 
 @triton.jit
@@ -567,8 +574,6 @@ def paged_mqa_logits(
     cfg = config or default_config(grouping, heads_pad, rows_per_seq, size)
     if block_scores is not None:
         _check_block_size(candidate_block_size, cfg.block_n)
-    if grouping == GROUP_FIXED and cfg.block_r < rows_per_seq:
-        raise ValueError(f"config.block_r {cfg.block_r} < next_n {rows_per_seq}")
     if rows == 0:
         return
 
@@ -618,7 +623,7 @@ def paged_mqa_logits(
                 groups = cdiv(rows, cfg.block_r) + num_seqs
             else:
                 split = DECODE_SPLIT_KEYS
-                groups = num_seqs
+                groups = num_seqs * cdiv(rows_per_seq, cfg.block_r)
             grid = (groups, cdiv(width, split))
             _logits_static_kernel[grid](
                 q, q_scale, kv_cache, weights, context_lens, block_table, row_ends, out, bs,

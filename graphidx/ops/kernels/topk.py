@@ -42,6 +42,9 @@ from graphidx.ops.kernels import next_power_of_2
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 """_order_key(-inf): every key <= this is never picked (a constexpr global for the kernels)."""
 
+FLOOR_BITS = tl.constexpr(12)
+"""Bits the floor search resolves below the keys' common prefix: a lower bound is enough."""
+
 SCRATCH_BYTES = 64 << 20
 MIN_GROUPS = 1024
 MAX_GROUPS = 16384
@@ -71,11 +74,26 @@ def _order_key(x):
 
 
 @triton.jit
-def _kth_largest_key(keys, k):
-    """Largest t with count(keys >= t) >= k (0 when fewer than k keys are nonzero-able)."""
-    threshold = tl.zeros([], tl.uint32)
-    for step in tl.static_range(32):
-        trial = threshold | (1 << (31 - step))
+def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
+    """Largest t with count(keys >= t) >= k, keys uint32 (0 = never picked), assuming at
+    least k nonzero keys.
+
+    Only the bits below the highest bit where the smallest and largest nonzero keys differ
+    vary, so the bitwise search starts there (one CTA-wide count per bit: the rounds are
+    what this costs). With MAX_BITS < 32 it stops after MAX_BITS bits and returns a lower
+    bound of the exact answer that still satisfies count(keys >= t) >= k.
+    """
+    largest = tl.max(keys, axis=0)
+    smallest = tl.min(tl.where(keys > 0, keys, 0xFFFFFFFF), axis=0)
+    differ = largest ^ smallest
+    # floor(log2(differ)), or one more when the float conversion rounds up: either way a
+    # bit at or above the highest differing one.
+    top = (differ.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
+    top = tl.minimum(tl.where(differ == 0, 0, top), 31)
+    below = (tl.full([], 2, tl.uint32) << top) - 1
+    threshold = largest & ~below
+    for step in range(tl.minimum(top + 1, MAX_BITS)):
+        trial = threshold | (tl.full([], 1, tl.uint32) << (top - step))
         count = tl.sum((keys >= trial).to(tl.int32), axis=0)
         threshold = tl.where(count >= k, trial, threshold)
     return threshold
@@ -123,11 +141,17 @@ def _topk_kernel(
     ties = candidates + CAP
     lane = tl.arange(0, GROUPS)
 
-    # Phase 1: the floor, from the max key of each interleaved group.
+    # Phase 1: the floor, from the max key of each interleaved group. Two chunks per
+    # iteration keep twice the bytes in flight.
     group_max = tl.zeros([GROUPS], tl.uint32)
-    for start in range(0, n, GROUPS):
-        group_max = tl.maximum(group_max, _load_keys(src, start + lane, n))
-    floor = tl.maximum(_kth_largest_key(group_max, k), KEY_NEG_INF)
+    for start in range(0, n, 2 * GROUPS):
+        first = _load_keys(src, start + lane, n)
+        second = _load_keys(src, start + GROUPS + lane, n)
+        group_max = tl.maximum(group_max, tl.maximum(first, second))
+    valid_groups = tl.sum((group_max > 0).to(tl.int32), axis=0)
+    floor = KEY_NEG_INF + tl.zeros([], tl.uint32)
+    if valid_groups >= k:
+        floor = tl.maximum(_kth_largest_key(group_max, k, FLOOR_BITS), KEY_NEG_INF)
 
     # Phase 2: collect keys above the floor and (up to K_PAD) equal to it.
     above_total = tl.zeros([], tl.int32)
@@ -163,7 +187,7 @@ def _topk_kernel(
         inside = slot < above_total
         col = tl.load(candidates + slot, mask=inside, other=0)
         key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
-        _emit_selection(key, col, _kth_largest_key(key, k), k, dst)
+        _emit_selection(key, col, _kth_largest_key(key, k, 32), k, dst)
     else:
         # Fallback: exact threshold by counting passes over the whole row.
         threshold = tl.zeros([], tl.uint32)
