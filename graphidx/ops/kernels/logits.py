@@ -52,7 +52,7 @@ from graphidx.ops.kernels.mxfp4_tl import (
     tile_scores,
     tile_split,
 )
-from graphidx.ops.schedule import SCHEDULE_HEADER_INTS, SCHEDULE_ITEM_INTS
+from graphidx.ops.schedule import SCHEDULE_HEADER_INTS, SCHEDULE_ITEM_INTS, SPLIT_ALIGNMENT
 
 GROUP_FIXED = 0  # next_n rows (or one row) per seq
 GROUP_QUERY_START_LOC = 1  # rows of a seq given by query_start_loc
@@ -572,6 +572,13 @@ def paged_mqa_logits(
     heads_pad = max(next_power_of_2(num_heads), MIN_MMA_COLUMNS)
     size = candidate_block_size if block_scores is not None else 1
     cfg = config or default_config(grouping, heads_pad, rows_per_seq, size)
+    if cfg.block_n & (cfg.block_n - 1) or not 16 <= cfg.block_n <= SPLIT_ALIGNMENT:
+        # Key ranges start on multiples of SPLIT_ALIGNMENT: a tile never straddles two.
+        raise ValueError(
+            f"config.block_n must be a power of two in [16, {SPLIT_ALIGNMENT}], got {cfg.block_n}"
+        )
+    if cfg.block_r < 1 or cfg.block_r & (cfg.block_r - 1):
+        raise ValueError(f"config.block_r must be a power of two, got {cfg.block_r}")
     if block_scores is not None:
         _check_block_size(candidate_block_size, cfg.block_n)
     if rows == 0:

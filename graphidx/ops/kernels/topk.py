@@ -10,23 +10,26 @@ One program per row, in three phases, reading the row about twice:
    j % GROUPS) and keep each group's max key. Any k of those maxima are k distinct columns,
    so the k-th largest group max is a lower bound (`floor`) of the row's k-th largest key.
    With GROUPS >= 4k it is a tight one: on continuous data only ~1.15k columns lie above it.
-   (The k-th largest of the GROUPS maxima is found by a 32-step bitwise search over keys.)
+   The bound is found by a bitwise search over the maxima that starts below their common
+   prefix and stops after FLOOR_BITS bits (a lower bound is all it needs).
 2. *Collect.* Second pass: columns with key > floor go to a per-row candidate buffer (up to
-   CAP = 2 * K_PAD), columns with key == floor to a tie buffer (up to K_PAD), by prefix
-   sums.
+   CAP = 2 * K_PAD). Chunks are tiled as rows of 4 columns (one vector load per thread); a
+   row with matches takes its slots with one relaxed atomic and numbers them in registers.
 3. *Select.*
    - at most k candidates: the floor *is* the k-th largest key; write every candidate and
-     fill with ties (then -1 padding when the row has fewer than k finite values);
+     fill with columns equal to the floor (collected by one more pass, only in this case),
+     then -1 padding when the row has fewer than k finite values;
    - up to CAP candidates: find the exact k-th largest key among them (bitwise search over
-     the buffer) and write the keys above it plus enough equal ones;
+     the buffer, from below the candidates' common prefix) and write the keys above it plus
+     enough equal ones;
    - more than CAP (adversarial rows, e.g. the top keys crowded into few groups): the same
      search over the whole row, 32 counting passes. Slow, never wrong.
 Exactly min(k, #finite values) columns are written, then -1 padding.
 
 Cost is proportional to the row's length, not its width. The buffers are scratch memory
-allocated per call (rows x (CAP + K_PAD) int32, in row batches of at most SCRATCH_BYTES).
-Known weakness: one program per row, so a handful of very long rows (e.g. 8 rows x 1M) use
-only a few multiprocessors.
+allocated per call (rows x (CAP + K_PAD + 2) int32, in row batches of at most
+SCRATCH_BYTES). Known weakness: one program per row, so a handful of very long rows
+(e.g. 8 rows x 1M) use only a few multiprocessors.
 """
 
 from __future__ import annotations
@@ -100,11 +103,45 @@ def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
 
 
 @triton.jit
-def _load_keys(src, col, n):
-    """Keys of columns `col` of a row of length n; 0 (never picked) outside or at -inf."""
-    inside = col < n
-    key = _order_key(tl.load(src + col, mask=inside, other=float("-inf")))
-    return tl.where(inside & (key > KEY_NEG_INF), key, 0)
+def _load_keys(src, col, n, MASKED: tl.constexpr):
+    """Keys of columns `col` of a row of length n; 0 (never picked) outside or at -inf.
+    Unmasked (vectorized) when the caller knows every column is inside."""
+    if MASKED:
+        inside = col < n
+        key = _order_key(tl.load(src + col, mask=inside, other=float("-inf")))
+        return tl.where(inside & (key > KEY_NEG_INF), key, 0)
+    key = _order_key(tl.load(src + col))
+    return tl.where(key > KEY_NEG_INF, key, 0)
+
+
+@triton.jit
+def _collect(src, start, n, threshold, out, counter, capacity, GROUPS, TIES, MASKED):
+    """Append the columns of [start, start + GROUPS) whose key is above `threshold` (or,
+    with TIES, equal to it and finite) to `out`, up to `capacity` entries; `counter`
+    counts them all.
+
+    The chunk is tiled as rows of 4 adjacent columns, one 16-byte vector per thread: a row
+    takes its slots with one relaxed atomic (only a few percent of the rows hold a match)
+    and numbers its matches in registers, which costs far less than a prefix sum over
+    every column. Each of the 4 columns is then stored as its own 1-D tensor, which keeps
+    the scatter in the row layout.
+    """
+    row = tl.arange(0, GROUPS // 4)
+    lane = tl.arange(0, 4)
+    col = start + (4 * row)[:, None] + lane[None, :]
+    key = _load_keys(src, col, n, MASKED)
+    if TIES:
+        match = ((key == threshold) & (key > KEY_NEG_INF)).to(tl.int32)
+    else:
+        match = (key > threshold).to(tl.int32)
+    count = tl.sum(match, axis=1)
+    base = tl.atomic_add(counter + tl.zeros_like(count), count, mask=count > 0, sem="relaxed")
+    slot = base[:, None] + tl.cumsum(match, axis=1) - match
+    for j in tl.static_range(4):
+        pick = lane[None, :] == j
+        slot_j = tl.sum(tl.where(pick, slot, 0), axis=1)
+        match_j = tl.sum(tl.where(pick, match, 0), axis=1)
+        tl.store(out + slot_j, start + 4 * row + j, mask=(match_j != 0) & (slot_j < capacity))
 
 
 @triton.jit
@@ -137,42 +174,47 @@ def _topk_kernel(
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
     src = logits_ptr + row * row_stride
     dst = out_ptr + row * out_row_stride
-    candidates = scratch_ptr + row * (CAP + K_PAD)
+    candidates = scratch_ptr + row * (CAP + K_PAD + 2)
     ties = candidates + CAP
+    counters = ties + K_PAD
     lane = tl.arange(0, GROUPS)
 
     # Phase 1: the floor, from the max key of each interleaved group. Two chunks per
-    # iteration keep twice the bytes in flight.
+    # iteration keep twice the bytes in flight; full chunks load unmasked (vectorized).
     group_max = tl.zeros([GROUPS], tl.uint32)
-    for start in range(0, n, 2 * GROUPS):
-        first = _load_keys(src, start + lane, n)
-        second = _load_keys(src, start + GROUPS + lane, n)
+    full_stop = n // (2 * GROUPS) * (2 * GROUPS)
+    for start in range(0, full_stop, 2 * GROUPS):
+        first = _load_keys(src, start + lane, n, False)
+        second = _load_keys(src, start + GROUPS + lane, n, False)
         group_max = tl.maximum(group_max, tl.maximum(first, second))
+    for start in range(full_stop, n, GROUPS):
+        group_max = tl.maximum(group_max, _load_keys(src, start + lane, n, True))
     valid_groups = tl.sum((group_max > 0).to(tl.int32), axis=0)
     floor = KEY_NEG_INF + tl.zeros([], tl.uint32)
     if valid_groups >= k:
         floor = tl.maximum(_kth_largest_key(group_max, k, FLOOR_BITS), KEY_NEG_INF)
 
-    # Phase 2: collect keys above the floor and (up to K_PAD) equal to it.
-    above_total = tl.zeros([], tl.int32)
-    tied_total = tl.zeros([], tl.int32)
-    for start in range(0, n, GROUPS):
-        col = start + lane
-        key = _load_keys(src, col, n)
-        above = key > floor
-        tied = (key == floor) & (key > KEY_NEG_INF)
-        # Both running counts in one scan: above in the low 16 bits, tied in the high ones.
-        packed = above.to(tl.int32) + tied.to(tl.int32) * 65536
-        running = tl.cumsum(packed, axis=0)
-        slot_above = above_total + (running & 0xFFFF) - 1
-        slot_tied = tied_total + (running >> 16) - 1
-        tl.store(candidates + slot_above, col, mask=above & (slot_above < CAP))
-        tl.store(ties + slot_tied, col, mask=tied & (slot_tied < K_PAD))
-        block_total = tl.sum(packed, axis=0)
-        above_total += block_total & 0xFFFF
-        tied_total += block_total >> 16
-    # The buffers were written by other threads of this program.
+    # Phase 2: collect the keys above the floor.
+    tl.store(counters + tl.arange(0, 2), tl.zeros([2], tl.int32))
     tl.debug_barrier()
+    full_stop = n // GROUPS * GROUPS
+    for start in range(0, full_stop, GROUPS):
+        _collect(src, start, n, floor, candidates, counters, CAP, GROUPS, False, False)
+    if full_stop < n:
+        _collect(src, full_stop, n, floor, candidates, counters, CAP, GROUPS, False, True)
+    # The buffer was written by other threads of this program; the count is read through
+    # the atomics' own path (L2).
+    tl.debug_barrier()
+    above_total = tl.atomic_add(counters, 0, sem="relaxed")
+    tied_total = tl.zeros([], tl.int32)
+    if above_total < k:
+        # Only now are keys equal to the floor needed (the floor is then the k-th largest).
+        for start in range(0, full_stop, GROUPS):
+            _collect(src, start, n, floor, ties, counters + 1, K_PAD, GROUPS, True, False)
+        if full_stop < n:
+            _collect(src, full_stop, n, floor, ties, counters + 1, K_PAD, GROUPS, True, True)
+        tl.debug_barrier()
+        tied_total = tl.atomic_add(counters + 1, 0, sem="relaxed")
 
     # Phase 3: select.
     if above_total <= k:
@@ -195,18 +237,18 @@ def _topk_kernel(
             trial = threshold | (1 << (31 - step))
             count = tl.zeros([], tl.int32)
             for start in range(0, n, GROUPS):
-                key = _load_keys(src, start + lane, n)
+                key = _load_keys(src, start + lane, n, True)
                 count += tl.sum((key >= trial).to(tl.int32), axis=0)
             threshold = tl.where(count >= k, trial, threshold)
         above_count = tl.zeros([], tl.int32)
         for start in range(0, n, GROUPS):
-            key = _load_keys(src, start + lane, n)
+            key = _load_keys(src, start + lane, n, True)
             above_count += tl.sum((key > threshold).to(tl.int32), axis=0)
         above_run = tl.zeros([], tl.int32)
         tied_run = tl.zeros([], tl.int32)
         for start in range(0, n, GROUPS):
             col = start + lane
-            key = _load_keys(src, col, n)
+            key = _load_keys(src, col, n, True)
             above = key > threshold
             tied = key == threshold
             slot_above = above_run + tl.cumsum(above.to(tl.int32), axis=0) - 1
@@ -239,7 +281,7 @@ def topk_per_row(
     k_pad = next_power_of_2(k)
     if cfg.capacity < k_pad:
         raise ValueError(f"config.capacity {cfg.capacity} < next_power_of_2(k) {k_pad}")
-    row_ints = cfg.capacity + k_pad
+    row_ints = cfg.capacity + k_pad + 2
     batch = max(1, SCRATCH_BYTES // (4 * row_ints))
     scratch = torch.empty((min(rows, batch), row_ints), dtype=torch.int32, device=logits.device)
     for first in range(0, rows, batch):
