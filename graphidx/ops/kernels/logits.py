@@ -81,7 +81,11 @@ class LogitsConfig:
 
 
 def default_config(
-    grouping: int, heads_pad: int, rows_per_group: int, candidate_block_size: int
+    grouping: int,
+    heads_pad: int,
+    rows_per_group: int,
+    candidate_block_size: int,
+    page_entries: int,
 ) -> LogitsConfig:
     """Shape-only config: decode groups keep all their rows; prefill fills N = 256.
 
@@ -97,6 +101,8 @@ def default_config(
     # key at H = 32). The interpreter gets small tiles: they keep the tests fast.
     wide = block_r * heads_pad >= 128
     block_n = 16 if dot_in_fp32() else (64 if wide else 128)
+    if page_entries % 64 == 0 and block_n > page_entries:
+        block_n = page_entries  # a tile within one page: one block-table read per tile
     block_n = max(block_n, candidate_block_size)
     num_warps = 4 if block_r * heads_pad <= 128 else 8
     return LogitsConfig(block_n=block_n, block_r=block_r, num_warps=num_warps, num_stages=2)
@@ -571,7 +577,7 @@ def paged_mqa_logits(
     sub, run = tile_split(head_dim)
     heads_pad = max(next_power_of_2(num_heads), MIN_MMA_COLUMNS)
     size = candidate_block_size if block_scores is not None else 1
-    cfg = config or default_config(grouping, heads_pad, rows_per_seq, size)
+    cfg = config or default_config(grouping, heads_pad, rows_per_seq, size, layout.page_entries)
     if cfg.block_n & (cfg.block_n - 1) or not 16 <= cfg.block_n <= SPLIT_ALIGNMENT:
         # Key ranges start on multiples of SPLIT_ALIGNMENT: a tile never straddles two.
         raise ValueError(
