@@ -18,6 +18,8 @@ A case that raises is reported as FAIL with its error; the others still run.
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import time
 import traceback
@@ -255,9 +257,17 @@ def dense_decode_case(
 
 
 def prefill_case(
-    num_heads: int, rows: int, context: int, ceilings: Ceilings, device: torch.device
+    num_heads: int,
+    rows: int,
+    context: int,
+    ceilings: Ceilings,
+    device: torch.device,
+    *,
+    name: str = "prefill chunk",
+    config: object | None = None,
 ) -> CaseResult:
     from graphidx.ops import paged_mqa_logits
+    from graphidx.ops.kernels import logits as triton_logits
 
     page_entries = 64
     table, pages = random_block_table([context], page_entries, device)
@@ -271,9 +281,10 @@ def prefill_case(
     out = torch.empty((rows, context), device=device)
 
     def run() -> None:
-        paged_mqa_logits(
+        triton_logits.paged_mqa_logits(
             q, q_scale, kv, weights, context_lens, table, row_ends, out,
-            query_start_loc=qsl, page_entries=page_entries, backend="triton",
+            query_start_loc=qsl, page_entries=page_entries,
+            config=config,  # type: ignore[arg-type]
         )  # fmt: skip
 
     out.fill_(float("nan"))
@@ -294,8 +305,7 @@ def prefill_case(
     bytes_moved, flops = _logits_bytes_flops(ends, context, rows, num_heads)
     shape = f"H{num_heads}, {rows} rows x {context} keys (causal)"
     return CaseResult(
-        "prefill chunk", shape, elapsed, bytes_moved, flops,
-        floor_us(bytes_moved, flops, ceilings), check,
+        name, shape, elapsed, bytes_moved, flops, floor_us(bytes_moved, flops, ceilings), check,
     )  # fmt: skip
 
 
@@ -308,8 +318,12 @@ def gather_case(
     block_size: int,
     ceilings: Ceilings,
     device: torch.device,
+    *,
+    name: str = "gather",
+    config: object | None = None,
 ) -> CaseResult:
     from graphidx.ops import gather_mqa_logits, resolve_candidate_pool
+    from graphidx.ops.kernels import gather as triton_gather
 
     page_entries = 128
     rows = seqs * next_n
@@ -342,7 +356,11 @@ def gather_case(
         )  # fmt: skip
 
     def run() -> None:
-        launch("triton", seqs, out)
+        triton_gather.gather_mqa_logits(
+            q, q_scale, kv, weights, context_lens, table, positions, live, out,
+            candidate_block_size=block_size, next_n=next_n, page_entries=page_entries,
+            config=config,  # type: ignore[arg-type]
+        )  # fmt: skip
 
     run()
     _sync(device)
@@ -361,8 +379,7 @@ def gather_case(
     flops = 2.0 * scored * num_heads * HEAD_DIM
     shape = f"H{num_heads}, {rows} rows x {width} cols (C={block_size}), context {context}"
     return CaseResult(
-        "gather", shape, elapsed, bytes_moved, flops, floor_us(bytes_moved, flops, ceilings),
-        check,
+        name, shape, elapsed, bytes_moved, flops, floor_us(bytes_moved, flops, ceilings), check,
     )  # fmt: skip
 
 
@@ -421,32 +438,46 @@ def skewed_decode_cases(
     return results
 
 
-def sweep_dense_decode(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
-    """Time the two dense decode cases under a small grid of tile configs (for tuning).
+def _sweep_point(label: str, build: Callable[[], CaseResult]) -> CaseResult:
+    try:
+        return build()
+    except Exception as err:  # a config that cannot compile or run is a data point
+        return CaseResult(label, "-", 0.0, 0.0, 0.0, 0.0, f"FAIL: {err!r}"[:200])
 
-    Every config is checked against the reference like the main cases.
+
+def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
+    """Time the logits cases under small grids of tile configs (for tuning the defaults).
+
+    Dense decode (H64 and H32), prefill and gather; every point is checked against the
+    reference like the main cases.
     """
+    from graphidx.ops.kernels.gather import GatherConfig
     from graphidx.ops.kernels.logits import LogitsConfig
 
     results = []
-    shapes = [(64, [16384] * 64, 64), (32, [65536] * 64, 128)]
-    for heads, contexts, page_entries in shapes:
-        for block_n in (64, 128):
-            for num_warps in (4, 8):
-                for num_stages in (1, 2, 3):
-                    config = LogitsConfig(block_n, 2, num_warps, num_stages)
-                    label = f"sweep H{heads} n{block_n} w{num_warps} s{num_stages}"
-                    try:
-                        results.append(
-                            dense_decode_case(
-                                label, heads, 2, contexts, page_entries, ceilings, device,
-                                config=config,
-                            )
-                        )  # fmt: skip
-                    except Exception as err:  # a config that cannot compile is a data point
-                        results.append(
-                            CaseResult(label, "-", 0.0, 0.0, 0.0, 0.0, f"FAIL: {err!r}"[:200])
-                        )
+    for heads, contexts, page_entries in ((64, [16384] * 64, 64), (32, [65536] * 64, 128)):
+        for block_n, num_warps, num_stages in itertools.product((64, 128), (4, 8), (1, 2, 3)):
+            label = f"sweep decode H{heads} n{block_n} w{num_warps} s{num_stages}"
+            build = functools.partial(
+                dense_decode_case, label, heads, 2, contexts, page_entries, ceilings, device,
+                config=LogitsConfig(block_n, 2, num_warps, num_stages),
+            )  # fmt: skip
+            results.append(_sweep_point(label, build))
+    prefill_points = ((64, 4, 8, 2), (64, 4, 4, 2), (64, 2, 4, 2), (64, 4, 8, 3), (128, 2, 8, 2))
+    for block_n, block_r, num_warps, num_stages in prefill_points:
+        label = f"sweep prefill n{block_n} r{block_r} w{num_warps} s{num_stages}"
+        build = functools.partial(
+            prefill_case, 64, 4096, 32768, ceilings, device, name=label,
+            config=LogitsConfig(block_n, block_r, num_warps, num_stages),
+        )  # fmt: skip
+        results.append(_sweep_point(label, build))
+    for block_n, num_warps, num_stages in ((64, 4, 1), (128, 4, 1), (128, 4, 2), (128, 8, 1)):
+        label = f"sweep gather n{block_n} w{num_warps} s{num_stages}"
+        build = functools.partial(
+            gather_case, 32, 2, 64, 65536, 2048, 8, ceilings, device, name=label,
+            config=GatherConfig(block_n, num_warps, num_stages),
+        )  # fmt: skip
+        results.append(_sweep_point(label, build))
     return results
 
 
@@ -581,7 +612,7 @@ def run(
         )
     results = run_benchmarks(device, quick=quick, ceilings=ceilings)
     if sweep:
-        results.extend(sweep_dense_decode(ceilings, device))
+        results.extend(sweep_tiles(ceilings, device))
     print(format_table(results))
     meta = {
         "device": torch.cuda.get_device_name(device),
@@ -615,7 +646,7 @@ __all__ = [
     "measure_ceilings",
     "run",
     "run_benchmarks",
-    "sweep_dense_decode",
+    "sweep_tiles",
     "time_us",
     "write_outputs",
 ]

@@ -4,9 +4,10 @@
 
 Measures the copy and bf16-matmul ceilings once, then runs the issue-5 cases of
 `graphidx.bench` (dense decode H64 / H32, prefill chunk, gather, top-k 512 / 2048 with
-torch.topk alongside, skewed vs even decode with the schedule). `--sweep` adds a grid of
-dense-decode tile configs for tuning. A failing case is reported as FAIL and the rest still
-run. Prints the table last; writes kernels.json and roofline.png under --out.
+torch.topk alongside, skewed vs even decode with the schedule). `--sweep` adds grids of
+tile configs (dense decode, prefill, gather) for tuning the defaults. A failing case is
+reported as FAIL and the rest still run. Prints the table last; writes kernels.json and
+roofline.png under --out.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from graphidx.bench import run
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1/4 of the keys and rows")
-    parser.add_argument("--sweep", action="store_true", help="also sweep dense-decode tiles")
+    parser.add_argument("--sweep", action="store_true", help="also sweep logits tile configs")
     parser.add_argument("--out", default="out/device_kernels", help="folder for JSON + PNG")
     args = parser.parse_args()
     results = run(Path(args.out), quick=args.quick, sweep=args.sweep)
