@@ -215,8 +215,9 @@ def seq_of_row(row, qsl_ptr, num_seqs):
     Binary search over the non-decreasing `query_start_loc`; empty seqs are skipped because
     the largest such s always has qsl[s + 1] > row.
     """
-    lo = 0
-    hi = num_seqs - 1
+    # Tensors from the start: the loop carries them (num_seqs may arrive as a constant).
+    lo = tl.zeros([], tl.int32)
+    hi = tl.zeros([], tl.int32) + num_seqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         start = tl.load(qsl_ptr + mid)
