@@ -168,6 +168,7 @@ DENSE_CASES = [
     ("next_n", [2, 4], 4, 64, 32, 0, True),
     ("flat", [5, 1], 8, 128, 16, 8, True),
     ("flat", [4, 1], 4, 64, 64, 0, False),
+    ("flat", [3, 1], 4, 256, 16, 8, False),  # two 16-byte runs per thread group
     ("qsl", [3, 0, 6, 1, 0, 2], 4, 64, 32, 8, True),
     ("qsl", [5, 2], 8, 128, 16, 0, False),
 ]
