@@ -74,7 +74,9 @@ class _HostStaging:
             self._event.record()
 
 
-def _normalized(device: torch.device | str) -> torch.device:
+def canonical_device(device: torch.device | str) -> torch.device:
+    """`device` with an explicit index ("cuda" becomes "cuda:<current>"), so that it
+    compares equal to the device of the tensors allocated on it."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -108,7 +110,7 @@ class IndexerMetadataBuilder:
             raise ValueError(f"num_pages must be a positive int or None, got {num_pages!r}")
         self.config = config
         self.full_graph_decode = bool(full_graph_decode)
-        self.device = _normalized(device)
+        self.device = canonical_device(device)
         self.num_pages = num_pages
         self.layout = self._check_config()
         self.min_gather_width: int | None = None

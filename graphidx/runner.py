@@ -26,7 +26,11 @@ import torch
 
 from capture import CaptureSizes, GraphCache, StaticBuffers, StepShape, get_backend
 from graphidx.batch import StepBatch
-from graphidx.builder import CandidateIndexerMetadataBuilder, IndexerMetadataBuilder
+from graphidx.builder import (
+    CandidateIndexerMetadataBuilder,
+    IndexerMetadataBuilder,
+    canonical_device,
+)
 from graphidx.config import IndexerConfig
 from graphidx.indexer import candidate_consumer, dense_indexer
 from graphidx.metadata import IndexerMetadata
@@ -128,7 +132,7 @@ class IndexerGraphRunner:
         inductor's fused kernels are not dispatched ops, so only "eager" is sound there."""
         self.config = config
         self.stack = stack
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         if len(kv_caches) != stack.num_layers:
             raise ValueError(
                 f"kv_caches has {len(kv_caches)} caches for {stack.num_layers} indexer layers"
