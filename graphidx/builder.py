@@ -30,6 +30,7 @@ from graphidx.metadata import (
     PrefillChunk,
     PrefillPlan,
 )
+from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
 from graphidx.plan import (
     build_decode_rows,
     build_prefill_chunks,
@@ -90,7 +91,9 @@ class IndexerMetadataBuilder:
     batches' device tensors must be there too); `num_pages`: the KV cache's page count, when
     known (a batch validated against another cache size is refused); `full_graph_decode`:
     the decode metadata will be replayed from a FULL graph, so every decode decision must
-    depend on the step's shape alone (decode logits span the whole `logits_width`).
+    depend on the step's shape alone (decode logits span the whole `logits_width`);
+    `decode_schedule`: build the device decode work schedule every step (None: on a GPU,
+    where the Triton kernels use it; the reference kernels ignore it).
     Raises `ValueError` at construction for a configuration the cache layout cannot serve.
     """
 
@@ -101,6 +104,7 @@ class IndexerMetadataBuilder:
         *,
         num_pages: int | None = None,
         full_graph_decode: bool = False,
+        decode_schedule: bool | None = None,
     ) -> None:
         if not isinstance(config, IndexerConfig):
             raise ValueError(f"config must be an IndexerConfig, got {type(config).__name__}")
@@ -111,6 +115,9 @@ class IndexerMetadataBuilder:
         self.config = config
         self.full_graph_decode = bool(full_graph_decode)
         self.device = canonical_device(device)
+        self.decode_schedule = (
+            self.device.type == "cuda" if decode_schedule is None else bool(decode_schedule)
+        )
         self.num_pages = num_pages
         self.layout = self._check_config()
         self.min_gather_width: int | None = None
@@ -162,6 +169,10 @@ class IndexerMetadataBuilder:
         if config.has_candidates:
             self._buffers["block_ends"] = buffer(rows)
             self._buffers["prefill_block_ends"] = buffer(rows)
+        if self.decode_schedule:
+            # One group per decode row at most (a flattened launch), each up to logits_width.
+            groups = min(rows, reqs * config.next_n)
+            self._buffers["schedule"] = allocate_schedule(groups, config.logits_width, self.device)
         self._decode_staging = _HostStaging(2 * rows, self.device)
         self._prefill_staging = _HostStaging(3 * rows, self.device)
         self._row_table_flat = self._buffers["row_block_table"].view(-1)
@@ -182,8 +193,14 @@ class IndexerMetadataBuilder:
 
     # Hooks for subclasses and later features.
     def _build_schedule(self, decode: DecodeMetadata) -> torch.Tensor | None:
-        """The device-built decode work schedule; None means the static grid (for now)."""
-        return None
+        """The decode work schedule, built on the device into its persistent buffer (the
+        builder's one kernel launch: planning itself stays on the host); None when off."""
+        schedule = self._buffers.get("schedule")
+        if schedule is None:
+            return None
+        next_n = decode.native.next_n if decode.native is not None else 1
+        build_decode_schedule(decode.row_lens, schedule, next_n=next_n)
+        return schedule
 
     def _gather_plan(
         self,

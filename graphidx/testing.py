@@ -167,13 +167,19 @@ class StepGenerator:
         return StepCase(kind, batch, inputs)
 
     def _block_table(self, seq_lens: list[int]) -> torch.Tensor:
-        """Random (possibly shared) pages for each request's used entries."""
+        """Random pages for each request's used entries: distinct within a request (so no
+        two keys of a row are equal and its top-k has no ties, which any kernel may break
+        its own way), possibly shared between requests."""
         cfg = self.config
         used = [cdiv(s // cfg.compress_ratio, cfg.page_entries) for s in seq_lens]
         width = max(1, *used)
+        if width > self.num_pages:
+            raise ValueError(
+                f"a request needs {width} pages but the cache has num_pages={self.num_pages}"
+            )
         table = np.zeros((len(seq_lens), width), dtype=np.int32)
         for i, n in enumerate(used):
-            table[i, :n] = self.rng.integers(0, self.num_pages, size=n)
+            table[i, :n] = self.rng.choice(self.num_pages, size=n, replace=False)
         return torch.from_numpy(table).to(self.device)
 
     def cases(self, n: int, kinds: Iterable[str] = KINDS) -> Iterator[StepCase]:

@@ -537,3 +537,21 @@ def test_decode_width_is_shape_only_under_full_graph(gen: torch.Generator) -> No
     ):
         meta = builder.build(batch)
         assert meta.decode is not None and meta.decode.width is None
+
+
+def test_decode_schedule_is_built_into_one_persistent_buffer(gen: torch.Generator) -> None:
+    """With the schedule on, every decode build fills the same buffer on the device."""
+    config = IndexerConfig.cpu_demo()
+    builder = IndexerMetadataBuilder(config, "cpu", decode_schedule=True)
+    address = builder.buffers()["schedule"].data_ptr()
+    for query_lens, seq_lens in (([2, 2], [40, 3000]), ([2, 2, 2], [9, 9, 9]), ([1], [1])):
+        meta = builder.build(_batch(config, query_lens, seq_lens, gen))
+        assert meta.decode is not None and meta.decode.schedule is not None
+        schedule = meta.decode.schedule
+        assert schedule.data_ptr() == address
+        groups = len(query_lens) if meta.decode.native is not None else sum(query_lens)
+        assert int(schedule[1]) == groups and int(schedule[0]) >= groups
+    assert (
+        IndexerMetadataBuilder(config, "cpu").build(_batch(config, [2], [40], gen)).decode.schedule
+        is None
+    )  # type: ignore[union-attr]

@@ -83,6 +83,7 @@ def _gather_logits_kernel(
     pos_row_stride,
     out_row_stride,
     num_seqs,
+    rows_per_seq,
     pool_blocks,
     out_width,
     H: tl.constexpr,
@@ -94,7 +95,6 @@ def _gather_logits_kernel(
     NPT: tl.constexpr,
     LANES: tl.constexpr,
     GROUPING: tl.constexpr,
-    ROWS_PER_SEQ: tl.constexpr,
     C: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -106,7 +106,7 @@ def _gather_logits_kernel(
     if GROUPING == 1:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
         seq = seq_of_row(row, qsl_ptr, num_seqs)
     else:
-        seq = row // ROWS_PER_SEQ
+        seq = row // rows_per_seq
     live = tl.minimum(tl.maximum(tl.load(live_ptr + row), 0), out_width)
     col_stop = tl.minimum(col_start + SPLIT, out_width)
     score_stop = tl.minimum(col_stop, live)
@@ -233,7 +233,9 @@ def gather_mqa_logits(
         q, q_scale, kv_cache, weights, context_lens, block_table, positions, live_cols, out, qsl,
         q.stride(0), q.stride(1), q_scale.stride(0), q_scale.stride(1), kv_cache.stride(0),
         weights.stride(0), block_table.stride(0), positions.stride(0), out.stride(0),
-        num_seqs, positions.shape[1], out_width,
+        # rows_per_seq is a runtime value: a prefill gather launch is one seq of any number
+        # of rows, and a constexpr would compile the kernel again for every launch size.
+        num_seqs, rows_per_seq, positions.shape[1], out_width,
         H=num_heads,
         HP=max(next_power_of_2(num_heads), MIN_MMA_COLUMNS),
         D=head_dim,
@@ -243,7 +245,6 @@ def gather_mqa_logits(
         NPT=layout.n_per_tile,
         LANES=layout.scale_lanes,
         GROUPING=grouping,
-        ROWS_PER_SEQ=rows_per_seq,
         C=candidate_block_size,
         BLOCK_N=cfg.block_n,
         SPLIT=GATHER_SPLIT_COLUMNS,
