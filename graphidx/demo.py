@@ -105,6 +105,7 @@ class ServingSimulation:
         cfg = settings.config
         self.rng = np.random.default_rng(settings.seed)
         self.gen = torch.Generator().manual_seed(settings.seed)
+        self.device_gen = torch.Generator(device=settings.device).manual_seed(settings.seed)
         pages_per_req = cdiv(
             cdiv(settings.prompt_lens[1] + settings.output_lens[1] * cfg.next_n, cfg.block_size)
             * cfg.block_size
@@ -179,7 +180,7 @@ class ServingSimulation:
         req = torch.tensor(reqs, dtype=torch.int64, device=dev)
         slots = compressed_slot_mapping(pos, req, table, cfg.compress_ratio, cfg.page_entries)
         for cache in self.caches:
-            keys = torch.randn(len(positions), cfg.head_dim, generator=self.gen).to(dev)
+            keys = torch.randn(len(positions), cfg.head_dim, generator=self.device_gen, device=dev)
             write_k_cache(keys, slots, cache, self.layout)
 
     def step(self, index: int) -> StepRow | None:

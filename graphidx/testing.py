@@ -47,8 +47,7 @@ def random_kv_cache(
     layout = cache_layout(config.num_heads, config.head_dim, config.page_entries)
     cache = torch.zeros(num_pages, layout.page_bytes, dtype=torch.uint8, device=device)
     # Keys are drawn on the cache's device, in slices, from a generator seeded by `gen`.
-    device_gen = torch.Generator(device=device)
-    device_gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    device_gen = _device_generator(device, gen)
     total = num_pages * config.page_entries
     step = 1 << 20
     for start in range(0, total, step):
@@ -61,11 +60,21 @@ def random_kv_cache(
 def random_layer_input(
     config: IndexerConfig, tokens: int, device: torch.device | str, gen: torch.Generator
 ) -> LayerInput:
-    """MXFP4 queries (quantized per head) and positive-leaning head weights."""
-    q = torch.randn(tokens, config.num_heads, config.head_dim, generator=gen)
+    """MXFP4 queries (quantized per head) and positive-leaning head weights, drawn on
+    `device` from a generator seeded by `gen`."""
+    device_gen = _device_generator(device, gen)
+    shape = (tokens, config.num_heads, config.head_dim)
+    q = torch.randn(shape, generator=device_gen, device=device)
     values, scales = quantize_mxfp4(q)
-    weights = torch.rand(tokens, config.num_heads, generator=gen) + 0.05
-    return LayerInput(values.to(device), scales.to(device), weights.to(device))
+    weights = torch.rand(tokens, config.num_heads, generator=device_gen, device=device) + 0.05
+    return LayerInput(values, scales, weights)
+
+
+def _device_generator(device: torch.device | str, gen: torch.Generator) -> torch.Generator:
+    """A generator on `device` seeded from the host generator `gen` (reproducible)."""
+    device_gen = torch.Generator(device=device)
+    device_gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    return device_gen
 
 
 class StepGenerator:
@@ -115,9 +124,9 @@ class StepGenerator:
             return [int(x) for x in self.rng.integers(0, next_n + 1, size=n)]
         return [next_n] * n
 
-    def _prefill_query_lens(self, budget: int) -> list[int]:
+    def _prefill_query_lens(self, budget: int, max_reqs: int) -> list[int]:
         lens: list[int] = []
-        while budget > self.config.next_n and len(lens) < self.config.max_num_seqs:
+        while budget > self.config.next_n and len(lens) < max_reqs:
             q = int(self.rng.integers(self.config.next_n + 1, min(budget, 256) + 1))
             lens.append(q)
             budget -= q
@@ -136,9 +145,9 @@ class StepGenerator:
         elif kind == "mixed":
             query_lens = self._decode_query_lens("ragged")[: cfg.max_num_seqs // 2]
             room = cfg.max_num_batched_tokens - sum(query_lens)
-            query_lens += self._prefill_query_lens(room)
+            query_lens += self._prefill_query_lens(room, cfg.max_num_seqs - len(query_lens))
         else:
-            query_lens = self._prefill_query_lens(cfg.max_num_batched_tokens)
+            query_lens = self._prefill_query_lens(cfg.max_num_batched_tokens, cfg.max_num_seqs)
         query_lens = query_lens or [cfg.next_n]
         seq_lens = [self._context(q) for q in query_lens]
         num_tokens = sum(query_lens)
