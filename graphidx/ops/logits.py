@@ -135,8 +135,9 @@ def _write_rows(
 ) -> None:
     """Store `logits [R, n]` for columns below each row's length, and its block scores.
 
-    out_rows / block_scores_rows are views of the caller's buffers; block_scores_rows was
-    already filled with -inf, so only blocks inside `[0, ceil(n / C))` and the pin change.
+    out_rows / block_scores_rows are views of the caller's buffers; only blocks inside
+    `[0, ceil(n / C))` change (blocks past a row's end stay as the caller left them, or -inf
+    when the op was asked to clean).
     """
     width = logits.shape[1]
     visible = torch.arange(width, device=logits.device).unsqueeze(0) < row_lens.unsqueeze(1)
@@ -149,7 +150,10 @@ def _write_rows(
     masked = torch.where(visible, logits, NEG_INF)
     masked = torch.nn.functional.pad(masked, (0, num_blocks * size - width), value=NEG_INF)
     block_max = masked.view(-1, num_blocks, size).amax(dim=2)
-    block_scores_rows[:, :num_blocks] = block_max
+    block_ends = (row_lens + size - 1) // size
+    live = torch.arange(num_blocks, device=logits.device).unsqueeze(0) < block_ends.unsqueeze(1)
+    region_blocks = block_scores_rows[:, :num_blocks]
+    region_blocks.copy_(torch.where(live, block_max, region_blocks))
     # The block holding the row's newest key must always survive the block top-k.
     newest = ((row_lens - 1).clamp(min=0) // size).unsqueeze(1)
     current = block_scores_rows.gather(1, newest)
@@ -233,8 +237,8 @@ def paged_mqa_logits_reference(
 
     if clean:
         out.fill_(NEG_INF)
-    if block_scores is not None:
-        block_scores.fill_(NEG_INF)
+        if block_scores is not None:
+            block_scores.fill_(NEG_INF)
     if rows == 0:
         return
 
@@ -403,8 +407,9 @@ def paged_mqa_logits(
     `next_n`, or one per seq. Row r of seq s with n = clamp(min(row_ends[r],
     context_lens[s], W), 0) gets `out[r, t] = sum_h w[r, h] * relu(q[r, h] . k[s, t])` for
     t < n; later columns are untouched, or -inf when `clean`. `block_scores` float32
-    `[rows, NB >= ceil(W / C)]` (needs C = candidate_block_size > 0): per block of C columns
-    the max over the visible ones, -inf when none, +inf for the block of the newest key.
+    `[rows, NB >= ceil(W / C)]` (needs C = candidate_block_size > 0): for blocks
+    b < ceil(n / C), the max over the block's visible columns, +inf for the block of the
+    newest key; later blocks are untouched, or -inf when `clean`.
     `schedule`: the decode work descriptors of graphidx.ops.schedule (never changes the
     answer). Page ids are not range-checked here (see validate.check_block_table).
     """

@@ -232,9 +232,10 @@ def expected_block_scores(
     return blocks
 
 
+@pytest.mark.parametrize("clean", [False, True])
 @pytest.mark.parametrize(("group", "sizes", "next_n"), [GROUPINGS[0], GROUPINGS[3], GROUPINGS[5]])
 def test_dense_block_scores(
-    gen: torch.Generator, group: str, sizes: list[int] | None, next_n: int
+    gen: torch.Generator, group: str, sizes: list[int] | None, next_n: int, clean: bool
 ) -> None:
     num_heads, head_dim, page_entries, width, size = 2, 64, 32, 100, 8
     rows, ranges, contexts = _setup_grouping(gen, group, sizes, next_n)
@@ -246,8 +247,8 @@ def test_dense_block_scores(
     for s, rng in enumerate(ranges):
         for r in rng:
             row_ends[r] = int(torch.randint(-1, contexts[s] + 4, (1,), generator=gen))
-    row_ends[0] = 0  # a row with no key: every block -inf, no pin
-    num_blocks = cdiv(width, size) + 2  # wider than needed: the spare columns are -inf
+    row_ends[0] = 0  # a row with no key: no block written, no pin
+    num_blocks = cdiv(width, size) + 2  # wider than needed: spare columns like empty blocks
     out = torch.full((rows, width), NAN)
     block_scores = torch.full((rows, num_blocks), NAN)
     paged_mqa_logits(
@@ -261,6 +262,7 @@ def test_dense_block_scores(
         out,
         block_scores=block_scores,
         candidate_block_size=size,
+        clean=clean,
         page_entries=page_entries,
         backend=BACKEND,
         **grouping_kwargs(group, sizes, next_n),  # type: ignore[arg-type]
@@ -272,6 +274,11 @@ def test_dense_block_scores(
                 score64(queries, r, cache.keys64[s][:n]), n, size, num_blocks
             )
             got = block_scores[r].double()
+            # Blocks past the row's end: untouched (the NaN poison) unless clean (-inf).
+            written = cdiv(n, size)
+            past = got[written:]
+            assert bool((past == float("-inf")).all() if clean else past.isnan().all()), (r, past)
+            got, want = got[:written], want[:written]
             assert torch.equal(torch.isinf(got), torch.isinf(want)), (r, got, want)
             assert torch.equal(got[torch.isinf(got)], want[torch.isinf(want)])
             finite = torch.isfinite(want)
@@ -582,4 +589,7 @@ def test_dense_logits_with_block_scores_trace_under_torch_compile(gen: torch.Gen
         close(out[r, :n], scores)
         assert torch.all(torch.isnan(out[r, n:]))
         want = expected_block_scores(scores, n, 8, 8)
-        assert torch.equal(torch.isinf(block_scores[r]), torch.isinf(want))
+        written = cdiv(n, 8)
+        got = block_scores[r, :written]
+        assert torch.equal(torch.isinf(got), torch.isinf(want[:written]))
+        assert bool(block_scores[r, written:].isnan().all())  # past the end: untouched
