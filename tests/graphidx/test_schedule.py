@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from graphidx.config import cdiv
+from graphidx.ops.backend import triton_interpreted
 from graphidx.ops.schedule import (
     KEY_END_OPEN,
     SCHEDULE_HEADER_INTS,
@@ -20,6 +21,10 @@ from graphidx.ops.schedule import (
     build_decode_schedule,
     schedule_capacity,
 )
+
+if not triton_interpreted():
+    # CPU tensors through the Triton backend need the interpreter; see test_ops_triton.py.
+    pytest.skip("interpreter tests: TRITON_INTERPRET is not set", allow_module_level=True)
 
 SPLIT = 256
 POISON = -555
