@@ -392,6 +392,7 @@ class CandidateIndexerMetadataBuilder(IndexerMetadataBuilder):
         *,
         num_pages: int | None = None,
         full_graph_decode: bool = False,
+        decode_schedule: bool | None = None,
     ) -> None:
         super().__init__(config, device, num_pages=num_pages, full_graph_decode=full_graph_decode)
         self.num_candidate_cols = config.num_candidate_cols if config.sparse_logits else 0

@@ -9,8 +9,11 @@ tests use; `aiter` needs a gfx950 GPU with aiter importable.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -75,3 +78,21 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
             f"backend='aiter' needs a gfx950 GPU with aiter installed; device is {device}"
         )
     return backend
+
+
+def implementation(
+    backend: str, reference: Callable[..., Any], kernels: str, name: str
+) -> Callable[..., Any]:
+    """The function that runs op `name` on a resolved `backend`: `reference` itself, `name`
+    from `graphidx.ops.kernels.<kernels>` (Triton), or `name` from `graphidx.ops.aiter` —
+    the last two imported on first use, so a CPU-only process never loads Triton code."""
+    if backend == "reference":
+        return reference
+    if backend == "triton":
+        module = importlib.import_module(f"graphidx.ops.kernels.{kernels}")
+    elif backend == "aiter":
+        module = importlib.import_module("graphidx.ops.aiter")
+    else:
+        raise ValueError(f"unknown backend {backend!r}")
+    fn: Callable[..., Any] = getattr(module, name)
+    return fn

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from graphidx.ops.backend import resolve_backend
+from graphidx.ops.backend import implementation, resolve_backend
 from graphidx.ops.validate import check_int, check_rows, check_tensor
 
 NEG_INF = float("-inf")
@@ -77,18 +77,9 @@ def _resolve_candidate_pool_op(
     live_cols: torch.Tensor,
     backend: str,
 ) -> None:
-    if backend == "reference":
-        impl = resolve_candidate_pool_reference
-    elif backend == "triton":
-        from graphidx.ops.kernels import candidates as triton_candidates
-
-        impl = triton_candidates.resolve_candidate_pool
-    elif backend == "aiter":
-        from graphidx.ops import aiter
-
-        impl = aiter.resolve_candidate_pool
-    else:
-        raise ValueError(f"unknown backend {backend!r}")
+    impl = implementation(
+        backend, resolve_candidate_pool_reference, "candidates", "resolve_candidate_pool"
+    )
     impl(block_ids, row_ends, candidate_block_size, positions, live_cols)
 
 
@@ -108,18 +99,9 @@ def _resolve_candidate_pool_fake(
 def _apply_candidate_mask_op(
     logits: torch.Tensor, positions: torch.Tensor, candidate_block_size: int, backend: str
 ) -> None:
-    if backend == "reference":
-        impl = apply_candidate_mask_reference
-    elif backend == "triton":
-        from graphidx.ops.kernels import candidates as triton_candidates
-
-        impl = triton_candidates.apply_candidate_mask
-    elif backend == "aiter":
-        from graphidx.ops import aiter
-
-        impl = aiter.apply_candidate_mask
-    else:
-        raise ValueError(f"unknown backend {backend!r}")
+    impl = implementation(
+        backend, apply_candidate_mask_reference, "candidates", "apply_candidate_mask"
+    )
     impl(logits, positions, candidate_block_size)
 
 

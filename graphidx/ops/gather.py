@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from graphidx.mxfp4 import cache_layout, dequantize_mxfp4
-from graphidx.ops.backend import resolve_backend
+from graphidx.ops.backend import implementation, resolve_backend
 from graphidx.ops.logits import (
     REFERENCE_BATCH_ELEMENTS,
     check_pages,
@@ -165,18 +165,7 @@ def _gather_mqa_logits_op(
     page_entries: int,
     backend: str,
 ) -> None:
-    if backend == "reference":
-        impl = gather_mqa_logits_reference
-    elif backend == "triton":
-        from graphidx.ops.kernels import gather as triton_gather
-
-        impl = triton_gather.gather_mqa_logits
-    elif backend == "aiter":
-        from graphidx.ops import aiter
-
-        impl = aiter.gather_mqa_logits
-    else:
-        raise ValueError(f"unknown backend {backend!r}")
+    impl = implementation(backend, gather_mqa_logits_reference, "gather", "gather_mqa_logits")
     impl(
         q,
         q_scale,
@@ -224,18 +213,7 @@ def _remap_compact_topk_op(
     out: torch.Tensor,
     backend: str,
 ) -> None:
-    if backend == "reference":
-        impl = remap_compact_topk_reference
-    elif backend == "triton":
-        from graphidx.ops.kernels import gather as triton_gather
-
-        impl = triton_gather.remap_compact_topk
-    elif backend == "aiter":
-        from graphidx.ops import aiter
-
-        impl = aiter.remap_compact_topk
-    else:
-        raise ValueError(f"unknown backend {backend!r}")
+    impl = implementation(backend, remap_compact_topk_reference, "gather", "remap_compact_topk")
     impl(compact_topk, positions, candidate_block_size, out)
 
 

@@ -18,7 +18,7 @@ import torch
 
 from graphidx.config import cdiv
 from graphidx.mxfp4 import CacheLayout, cache_layout, dequantize_mxfp4, read_entries
-from graphidx.ops.backend import resolve_backend
+from graphidx.ops.backend import implementation, resolve_backend
 from graphidx.ops.validate import (
     check_block_scores,
     check_bool,
@@ -325,18 +325,7 @@ def _paged_mqa_logits_op(
     page_entries: int,
     backend: str,
 ) -> None:
-    if backend == "reference":
-        impl = paged_mqa_logits_reference
-    elif backend == "triton":
-        from graphidx.ops.kernels import logits as triton_logits
-
-        impl = triton_logits.paged_mqa_logits
-    elif backend == "aiter":
-        from graphidx.ops import aiter
-
-        impl = aiter.paged_mqa_logits
-    else:
-        raise ValueError(f"unknown backend {backend!r}")
+    impl = implementation(backend, paged_mqa_logits_reference, "logits", "paged_mqa_logits")
     impl(
         q,
         q_scale,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from graphidx.ops.backend import resolve_backend
+from graphidx.ops.backend import implementation, resolve_backend
 from graphidx.ops.validate import check_int, check_rows, check_tensor
 
 NEG_INF = float("-inf")
@@ -37,18 +37,7 @@ def topk_per_row_reference(
 def _topk_per_row_op(
     logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor, backend: str
 ) -> None:
-    if backend == "reference":
-        impl = topk_per_row_reference
-    elif backend == "triton":
-        from graphidx.ops.kernels import topk as triton_topk
-
-        impl = triton_topk.topk_per_row
-    elif backend == "aiter":
-        from graphidx.ops import aiter
-
-        impl = aiter.topk_per_row
-    else:
-        raise ValueError(f"unknown backend {backend!r}")
+    impl = implementation(backend, topk_per_row_reference, "topk", "topk_per_row")
     impl(logits, lengths, k, out)
 
 
