@@ -44,7 +44,6 @@ from graphidx.plan import (
 if TYPE_CHECKING:
     from graphidx.mxfp4.layout import CacheLayout
 
-INT32_MAX = 2**31 - 1
 DECODE_GATHER_FACTOR = 3.0  # decode rows gather from this many pool widths of context
 PREFILL_GATHER_FACTOR = 1.5  # a prefill chunk gathers from this many pool widths of context
 
@@ -213,7 +212,7 @@ class IndexerMetadataBuilder:
         return False, ()
 
     # The step.
-    def _check_batch(self, batch: StepBatch) -> None:
+    def check_batch(self, batch: StepBatch) -> None:
         """O(1) checks that keep every write inside the buffers, even with validate=False."""
         config = self.config
         if batch.config is not config and batch.config != config:
@@ -256,7 +255,7 @@ class IndexerMetadataBuilder:
         until the next `build()`. No device-to-host copy; host work proportional to requests
         and rows, never to context length.
         """
-        self._check_batch(batch)
+        self.check_batch(batch)
         config = self.config
         buffers = self._buffers
         num_reqs = batch.num_reqs
@@ -400,7 +399,7 @@ class CandidateIndexerMetadataBuilder(IndexerMetadataBuilder):
         self.decode_gather_width = 0
         if config.sparse_logits:
             cols = self.num_candidate_cols
-            self.rows_per_launch = max(1, min(config.max_logits_bytes, INT32_MAX) // (4 * cols))
+            self.rows_per_launch = config.consumer_rows_per_launch
             self.min_gather_width = math.ceil(PREFILL_GATHER_FACTOR * cols)
             self.decode_gather_width = math.ceil(DECODE_GATHER_FACTOR * cols)
 

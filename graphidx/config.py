@@ -117,6 +117,16 @@ class IndexerConfig:
         return self.candidate_topk_blocks * self.candidate_block_size
 
     @property
+    def consumer_rows_per_launch(self) -> int:
+        """Rows of one candidate-consumer prefill launch (SPEC 3.5): its fp32 compact logits,
+        `rows x num_candidate_cols`, fit `max_logits_bytes` (and int32 indexing); 0 without
+        sparse logits."""
+        cols = self.num_candidate_cols
+        if not self.sparse_logits or cols == 0:
+            return 0
+        return max(1, min(self.max_logits_bytes, 2**31 - 1) // (4 * cols))
+
+    @property
     def has_candidates(self) -> bool:
         return self.candidate_block_size > 0
 

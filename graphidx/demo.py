@@ -155,7 +155,10 @@ class ServingSimulation:
         for r in prefills:
             if budget <= cfg.next_n:
                 break
-            take = min(r.prompt_len - r.seq_len, budget)
+            left = r.prompt_len - r.seq_len
+            take = min(left, budget)
+            if take < left and left - take <= cfg.next_n:
+                take = left - cfg.next_n - 1  # never leave a remainder a decode would claim
             if take <= cfg.next_n:  # a prefill chunk must be longer than a decode
                 continue
             plan.append((r, take))
@@ -206,13 +209,13 @@ class ServingSimulation:
         inputs = tuple(
             random_layer_input(cfg, tokens, dev, self.gen) for _ in range(self.s.stack.num_layers)
         )
-        result = self.runner.step(batch, inputs)
+        result = self.runner.step(batch, inputs, synchronize=True)
         matches: bool | None = None
         eager_ms: float | None = None
         if result.replayed:
             # The same step eagerly and unpadded: the answer replay must reproduce.
             replayed = torch.sort(result.topk.to(torch.int64), dim=-1).values.cpu()
-            eager = self.runner.step(batch, inputs, pad=False)
+            eager = self.runner.step(batch, inputs, pad=False, synchronize=True)
             eager_ms = eager.seconds * 1e3
             eager_sorted = torch.sort(eager.topk.to(torch.int64), -1).values.cpu()
             matches = bool((eager_sorted == replayed).all())

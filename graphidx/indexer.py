@@ -9,7 +9,8 @@ topk_tokens]`) and an `IndexerWorkspace` for the same config. They fill rows
 `topk_tokens` key positions in `[0, row_end)`, any order, -1 padded.
 
 The layers only slice the workspace and the metadata (views) and call graphidx.ops, so the
-decode path allocates nothing itself and is the same launch sequence on every step of a shape.
+decode path allocates no buffer itself (a kernel launcher may take per-call scratch; see
+graphidx.workspace) and is the same launch sequence on every step of a shape.
 """
 
 from __future__ import annotations

@@ -232,9 +232,12 @@ class IndexerGraphRunner:
         size; later steps of the same padded shape replay it with their own data.
         """
         sizes = sizes or self.capture_sizes
-        shapes = [s for s in sizes.shapes() if s not in self.graphs]
-        fns = {shape: self._capture_fn(shape) for shape in shapes}
-        self.graphs.capture_all(fns, on_progress=on_progress)
+        shapes = sorted((s for s in sizes.shapes() if s not in self.graphs), reverse=True)
+        for i, shape in enumerate(shapes, start=1):
+            # Metadata built right before its capture: the warm-up reads this shape's rows.
+            self.graphs.capture(shape, self._capture_fn(shape))
+            if on_progress is not None:
+                on_progress(i, len(shapes), shape)
 
     def _capture_fn(self, shape: StepShape) -> Callable[[], None]:
         """Load a dummy uniform batch of `shape`, build its metadata, and return the
@@ -261,6 +264,7 @@ class IndexerGraphRunner:
         *,
         force_eager: bool = False,
         pad: bool = True,
+        synchronize: bool = False,
     ) -> StepResult:
         """Run one step of every indexer layer; return the top-k of the real rows.
 
@@ -268,6 +272,8 @@ class IndexerGraphRunner:
         captured size and replayed when that size was captured; anything else runs eagerly
         (counted with its reason). `force_eager` runs the same padded step eagerly;
         `pad=False` runs it unpadded (both used by the replay-correctness harness).
+        `synchronize=True` waits for the device before returning, so that `seconds` is the
+        step's wall time; by default the step returns as soon as its work is queued.
         """
         start = time.perf_counter()
         if len(layer_inputs) != self.stack.num_layers:
@@ -275,6 +281,7 @@ class IndexerGraphRunner:
                 f"layer_inputs has {len(layer_inputs)} entries for "
                 f"{self.stack.num_layers} indexer layers"
             )
+        self._check_batch(batch)
         num_real = int(batch.query_start_loc_cpu[-1])
         for i, inp in enumerate(layer_inputs):
             self._check_layer_input(i, inp, batch.num_tokens)
@@ -295,7 +302,7 @@ class IndexerGraphRunner:
             captured = shape is not None and shape in self.graphs
             layers = self._decode_layers if captured else self._run_layers
             layers(metadata)
-        if self.device.type == "cuda":
+        if synchronize and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
         padded = (shape.num_tokens if shape is not None else batch.num_tokens) - num_real
@@ -331,8 +338,20 @@ class IndexerGraphRunner:
             return None, "step already carries padding rows"
         shape = self.capture_sizes.pad(batch.num_tokens)
         if shape is None:
-            return None, f"{batch.num_tokens} tokens exceed the largest capture size"
+            logger.debug("%d tokens exceed the largest capture size", batch.num_tokens)
+            return None, "above the largest capture size"
         return shape, None
+
+    def _check_batch(self, batch: StepBatch) -> None:
+        """The caller's batch must have been validated against this runner's config and
+        cache: the padded copy the builder sees is rebuilt from the persistent inputs, so
+        its own checks cannot see the caller's config, page count or table width."""
+        self.builder.check_batch(batch)
+        if batch.num_pages is None or batch.num_pages > self.num_pages:
+            raise ValueError(
+                f"batch.num_pages = {batch.num_pages}: a runner step needs a batch validated "
+                f"against its caches (num_pages <= {self.num_pages})"
+            )
 
     def _check_layer_input(self, i: int, inp: LayerInput, num_tokens: int) -> None:
         cfg = self.config

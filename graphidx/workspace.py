@@ -1,7 +1,9 @@
 """IndexerWorkspace: every scratch buffer the indexer layers need, allocated once.
 
-The layers (graphidx.indexer) take views of these buffers and never allocate in the decode
-path, so a captured graph reads and writes the same addresses on every replay. One workspace
+The layers (graphidx.indexer) take views of these buffers and allocate no buffer of their own
+in the decode path, so a captured graph reads and writes the same addresses on every replay.
+(The Triton top-k and candidate-mask launchers still take small per-call scratch from torch's
+caching allocator — from the graph's private pool under capture.) One workspace
 serves every indexer layer of a model: the layers of a step run one after another, and the
 candidate pool (ids from the source layer, positions and live counts resolved by the first
 consumer) is the only state carried from one layer to the next within a step.
@@ -30,17 +32,12 @@ import torch
 from graphidx.config import IndexerConfig, cdiv
 
 FLOAT32_BYTES = 4
-INT32_MAX = 2**31 - 1
 
 
 def consumer_rows_per_launch(config: IndexerConfig) -> int:
-    """Rows of one candidate-consumer prefill launch (SPEC 3.5), capped at T; 0 without
-    sparse logits."""
-    cols = config.num_candidate_cols
-    if not config.sparse_logits or cols == 0:
-        return 0
-    rows = max(1, min(config.max_logits_bytes, INT32_MAX) // (FLOAT32_BYTES * cols))
-    return min(config.max_num_batched_tokens, rows)
+    """Rows of one candidate-consumer prefill launch (`config.consumer_rows_per_launch`),
+    capped at the step's token budget: the compact buffers never need more."""
+    return min(config.max_num_batched_tokens, config.consumer_rows_per_launch)
 
 
 class IndexerWorkspace:

@@ -51,7 +51,6 @@ def test_uniform_decode_is_padded_and_replayed() -> None:
 
 def test_other_steps_run_eagerly_with_a_reason() -> None:
     runner, gen = _setup(seed=1)
-    result = runner.step(gen.case("mixed").batch, gen.case("mixed").inputs) if False else None
     case = gen.case("prefill")
     result = runner.step(case.batch, case.inputs)
     assert not result.replayed and result.eager_reason == "not a uniform decode step"
@@ -145,3 +144,67 @@ def test_replay_check_1000_cases(capsys: pytest.CaptureFixture[str]) -> None:
 def test_step_shape_key() -> None:
     runner, _ = _setup(seed=5)
     assert StepShape(16, 8, CONFIG.next_n) in runner.graphs
+
+
+def test_a_replay_that_does_nothing_is_caught() -> None:
+    """check_replay poisons the shared top-k buffer before every run: a graph whose replay
+    writes nothing cannot pass on the eager run's answer."""
+    runner, gen = _setup(seed=6)
+
+    class DoNothing:
+        num_bytes = None
+        num_ops = None
+
+        def replay(self) -> None:
+            return None
+
+    for cached in runner.graphs._graphs.values():
+        cached.graph = DoNothing()  # type: ignore[assignment]
+    report = check_replay(runner, gen.cases(6, kinds=("decode",)))
+    assert report.replayed > 0
+    assert not report.ok
+
+
+def test_step_refuses_a_batch_validated_for_another_cache_or_config() -> None:
+    runner, gen = _setup(seed=8)
+    case = gen.case("decode")
+    b = case.batch
+    unvalidated = type(b)(
+        b.query_start_loc_cpu,
+        b.seq_lens_upper_bound,
+        b.query_start_loc,
+        b.seq_lens,
+        b.block_table,
+        config=CONFIG,
+        num_tokens=b.num_tokens,
+        validate=False,
+    )
+    with pytest.raises(ValueError, match=r"batch\.num_pages = None"):
+        runner.step(unvalidated, case.inputs)
+    bigger = type(b)(
+        b.query_start_loc_cpu,
+        b.seq_lens_upper_bound,
+        b.query_start_loc,
+        b.seq_lens,
+        b.block_table,
+        config=CONFIG,
+        num_tokens=b.num_tokens,
+        num_pages=runner.num_pages + 1,
+        validate=False,
+    )
+    with pytest.raises(ValueError, match="num_pages"):
+        runner.step(bigger, case.inputs)
+    other = CONFIG.replace(block_size=128)
+    foreign = type(b)(
+        b.query_start_loc_cpu,
+        b.seq_lens_upper_bound,
+        b.query_start_loc,
+        b.seq_lens,
+        b.block_table,
+        config=other,
+        num_tokens=b.num_tokens,
+        num_pages=runner.num_pages,
+        validate=False,
+    )
+    with pytest.raises(ValueError, match=r"batch\.config differs"):
+        runner.step(foreign, case.inputs)
