@@ -33,6 +33,23 @@ from graphidx.config import IndexerConfig, cdiv
 
 FLOAT32_BYTES = 4
 
+ROW_ALIGN = 16
+"""Row strides of the logits and block-score views are multiples of this many elements
+(64 bytes): widths change every prefill step, and a Triton kernel is compiled again for each
+new divisibility of a stride argument, so aligned strides keep one variant (and 16-byte
+vector access) whatever the width."""
+
+
+def aligned(width: int) -> int:
+    """The row stride of a `width`-column view: `width` rounded up to ROW_ALIGN."""
+    return cdiv(width, ROW_ALIGN) * ROW_ALIGN
+
+
+def _rows(flat: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """`[rows, width]` over a flat buffer, rows `aligned(width)` elements apart."""
+    stride = aligned(width)
+    return flat[: rows * stride].view(rows, stride)[:, :width]
+
 
 def consumer_rows_per_launch(config: IndexerConfig) -> int:
     """Rows of one candidate-consumer prefill launch (`config.consumer_rows_per_launch`),
@@ -57,14 +74,15 @@ class IndexerWorkspace:
         tokens = config.max_num_batched_tokens
         width = config.logits_width
         self.decode_rows = min(tokens, config.max_num_seqs * config.next_n)
+        # Row alignment adds at most ROW_ALIGN - 1 elements per row to a view.
         self.prefill_elements = max(config.max_logits_bytes, FLOAT32_BYTES * width) // (
             FLOAT32_BYTES
-        )
+        ) + tokens * (ROW_ALIGN - 1)
 
         def buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
             return torch.empty(shape, dtype=dtype, device=self.device)
 
-        self.decode_logits = buffer((self.decode_rows, width), torch.float32)
+        self.decode_logits = buffer((self.decode_rows * aligned(width),), torch.float32)
         self.prefill_logits = buffer((self.prefill_elements,), torch.float32)
 
         self.block_scores: torch.Tensor | None = None
@@ -75,8 +93,8 @@ class IndexerWorkspace:
             size = config.candidate_block_size
             pool_blocks = config.candidate_topk_blocks
             block_elements = max(
-                self.decode_rows * cdiv(width, size),
-                cdiv(self.prefill_elements + tokens * (size - 1), size),
+                self.decode_rows * aligned(cdiv(width, size)),
+                cdiv(self.prefill_elements + tokens * (size - 1), size) + tokens * ROW_ALIGN,
             )
             self.block_scores = buffer((block_elements,), torch.float32)
             self.candidate_ids = buffer((tokens, pool_blocks), torch.int32)
@@ -115,34 +133,35 @@ class IndexerWorkspace:
 
     # Views. Each raises ValueError when the request exceeds what the config sized for.
     def decode_logits_view(self, rows: int, width: int | None = None) -> torch.Tensor:
-        """float32 `[rows, width]` (contiguous; `width` None means `logits_width`)."""
+        """float32 `[rows, width]`, rows `aligned(width)` apart (`width` None means
+        `logits_width`)."""
         self._check_rows("decode rows", rows, self.decode_rows)
         full = self.config.logits_width
         width = full if width is None else width
         if not 0 < width <= full:
             raise ValueError(f"decode width = {width} must be in [1, logits_width = {full}]")
-        return self.decode_logits.view(-1)[: rows * width].view(rows, width)
+        return _rows(self.decode_logits, rows, width)
 
     def prefill_logits_view(self, rows: int, width: int) -> torch.Tensor:
-        """float32 `[rows, width]` over the flat prefill buffer."""
-        if rows * width > self.prefill_elements:
+        """float32 `[rows, width]` over the flat prefill buffer, rows `aligned(width)` apart."""
+        if rows * aligned(width) > self.prefill_elements:
             raise ValueError(
                 f"prefill chunk of {rows} rows x {width} columns exceeds the workspace's "
                 f"{self.prefill_elements} logits (max_logits_bytes "
                 f"{self.config.max_logits_bytes}): the chunk was not split for this config"
             )
-        return self.prefill_logits[: rows * width].view(rows, width)
+        return _rows(self.prefill_logits, rows, width)
 
     def block_scores_view(self, rows: int, width: int) -> torch.Tensor:
-        """float32 `[rows, ceil(width / C)]` over the flat block-score buffer."""
+        """float32 `[rows, ceil(width / C)]` over the flat block-score buffer, rows aligned."""
         scores = self._need("block_scores", self.block_scores)
         blocks = cdiv(width, self.config.candidate_block_size)
-        if rows * blocks > scores.shape[0]:
+        if rows * aligned(blocks) > scores.shape[0]:
             raise ValueError(
                 f"{rows} rows x {blocks} blocks exceed the workspace's {scores.shape[0]} "
                 "block scores"
             )
-        return scores[: rows * blocks].view(rows, blocks)
+        return _rows(scores, rows, blocks)
 
     def compact_views(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`(compact logits float32 [rows, Wc], compact top-k int32 [rows, topk_tokens])`."""

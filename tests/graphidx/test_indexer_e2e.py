@@ -25,7 +25,7 @@ from graphidx.indexer import candidate_consumer, dense_indexer
 from graphidx.metadata import IndexerMetadata
 from graphidx.mxfp4 import cache_layout, dequantize_mxfp4, quantize_mxfp4
 from graphidx.mxfp4.writer import compressed_slot_mapping, write_k_cache
-from graphidx.workspace import IndexerWorkspace
+from graphidx.workspace import ROW_ALIGN, IndexerWorkspace, aligned
 
 SENTINEL = -777
 BACKEND = "reference"
@@ -277,10 +277,18 @@ def test_workspace_sizes() -> None:
     config = _config(1, 2)
     workspace = IndexerWorkspace(config, "cpu")
     decode_rows = min(config.max_num_batched_tokens, config.max_num_seqs * config.next_n)
-    assert workspace.decode_logits.shape == (decode_rows, config.logits_width)
+    assert workspace.decode_logits.numel() == decode_rows * aligned(config.logits_width)
     assert workspace.prefill_logits.numel() * 4 == max(
         config.max_logits_bytes, 4 * config.logits_width
-    )
+    ) + 4 * config.max_num_batched_tokens * (ROW_ALIGN - 1)
+    # Every view's rows are ROW_ALIGN-aligned, whatever its width.
+    for width in (1, 15, 17, 100):
+        for view in (
+            workspace.decode_logits_view(3, width),
+            workspace.prefill_logits_view(5, width),
+            workspace.block_scores_view(4, width),
+        ):
+            assert view.stride(0) % ROW_ALIGN == 0 and view.stride(1) == 1
     assert workspace.candidate_ids is not None
     assert workspace.candidate_ids.shape == (
         config.max_num_batched_tokens,

@@ -25,7 +25,7 @@ _INT32_MAX_TL = tl.constexpr(INT32_MAX)
 MASK_BLOCK = 1024
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["row_ends_ptr", "live_ptr"])
 def _resolve_pool_kernel(
     block_ids_ptr,
     row_ends_ptr,
@@ -69,7 +69,7 @@ def _sort_starts_kernel(
     tl.store(sorted_ptr + row * BLOCK + slot, ordered)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["width"])
 def _mask_columns_kernel(
     logits_ptr,
     sorted_ptr,

@@ -61,7 +61,7 @@ def default_config(candidate_block_size: int) -> GatherConfig:
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ctx_ptr", "live_ptr", "qsl_ptr", "num_seqs", "rows_per_seq"])
 def _gather_logits_kernel(
     q_ptr,
     q_scale_ptr,

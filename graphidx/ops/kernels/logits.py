@@ -67,6 +67,13 @@ PREFILL_SPLIT_KEYS = 4096
 """Keys per prefill program; a multiple of every BLOCK_N, amortizes the Q decode."""
 
 CLEAN_BLOCK = 1024
+
+_PER_STEP_ARGS = ["ctx_ptr", "row_ends_ptr", "qsl_ptr", "rows", "num_seqs", "width"]
+"""Arguments that change from step to step (metadata views start anywhere in their buffers,
+row and seq counts and widths take any value) and only feed scalar loads and bounds: not
+specializing them keeps one compiled variant per tile config instead of one per combination
+of their `== 1` / `% 16` / pointer-alignment properties (see tools/count_specializations.py).
+"""
 MIN_MMA_COLUMNS = 16  # tl.dot needs N >= 16
 
 
@@ -283,7 +290,7 @@ def _score_tile(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_STEP_ARGS)
 def _logits_static_kernel(
     q_ptr,
     q_scale_ptr,
@@ -370,7 +377,7 @@ def _logits_static_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=[a for a in _PER_STEP_ARGS if a != "qsl_ptr"])
 def _logits_scheduled_kernel(
     q_ptr,
     q_scale_ptr,

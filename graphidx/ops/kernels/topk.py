@@ -156,7 +156,7 @@ def _emit_selection(key, col, threshold, k, dst):
     tl.store(dst + slot_tied, col, mask=tied & (slot_tied < k))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lengths_ptr", "width"])
 def _topk_kernel(
     logits_ptr,
     lengths_ptr,
