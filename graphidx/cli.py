@@ -92,7 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ValueError as error:
+        # Bad arguments or input: one clear line, not a traceback (-v shows the traceback).
+        if args.verbose:
+            raise
+        print(f"graphidx {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
