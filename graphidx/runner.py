@@ -214,6 +214,25 @@ class IndexerGraphRunner:
         """The persistent top-k output `[layers, max_num_batched_tokens, topk_tokens]`."""
         return self.buffers["topk"]
 
+    def input_views(self, num_tokens: int) -> tuple[LayerInput, ...]:
+        """Per layer, `LayerInput` views of the persistent inputs' first `num_tokens` rows.
+
+        A model that writes its q / q_scale / weights straight into these views and passes
+        them to `step` saves the runner's copies (rows already in place are not copied).
+        """
+        limit = self.config.max_num_batched_tokens
+        if not 0 <= num_tokens <= limit:
+            raise ValueError(f"num_tokens = {num_tokens} must be in [0, {limit}]")
+        b = self.buffers
+        return tuple(
+            LayerInput(
+                b[f"q.{i}"][:num_tokens],
+                b[f"q_scale.{i}"][:num_tokens],
+                b[f"weights.{i}"][:num_tokens],
+            )
+            for i in range(self.stack.num_layers)
+        )
+
     def total_bytes(self) -> int:
         """Persistent bytes: step inputs, top-k, workspace and builder buffers."""
         builder = sum(t.numel() * t.element_size() for t in self.builder.buffers().values())
@@ -387,19 +406,22 @@ class IndexerGraphRunner:
         b = self.buffers
         qsl = b["query_start_loc"]
         qsl[: n + 1].copy_(batch.query_start_loc, non_blocking=True)
-        qsl[n + 1 : reqs + 1].fill_(real_tokens)
         b["seq_lens"][:n].copy_(batch.seq_lens, non_blocking=True)
-        b["seq_lens"][n:reqs].zero_()
         width = batch.block_table.shape[1]
         b["block_table"][:n, :width].copy_(batch.block_table, non_blocking=True)
-        b["block_table"][n:reqs].zero_()
+        if reqs > n:  # padding requests: no rows, no context, no pages
+            qsl[n + 1 : reqs + 1].fill_(real_tokens)
+            b["seq_lens"][n:reqs].zero_()
+            b["block_table"][n:reqs].zero_()
         if layer_inputs is None:
             return
         for i, inp in enumerate(layer_inputs):
             for name in ("q", "q_scale", "weights"):
-                dst = b[f"{name}.{i}"]
-                dst[:real_tokens].copy_(getattr(inp, name)[:real_tokens], non_blocking=True)
-                dst[real_tokens:tokens].zero_()
+                dst, src = b[f"{name}.{i}"], getattr(inp, name)
+                if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
+                    dst[:real_tokens].copy_(src[:real_tokens], non_blocking=True)
+                if tokens > real_tokens:
+                    dst[real_tokens:tokens].zero_()
 
     def _build(self, batch: StepBatch, shape: StepShape | None) -> IndexerMetadata:
         """Build metadata for the (padded) step over the persistent inputs."""

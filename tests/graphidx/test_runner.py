@@ -208,3 +208,28 @@ def test_step_refuses_a_batch_validated_for_another_cache_or_config() -> None:
     )
     with pytest.raises(ValueError, match=r"batch\.config differs"):
         runner.step(foreign, case.inputs)
+
+
+def test_inputs_written_in_place_are_not_copied_and_give_the_same_answer() -> None:
+    runner, gen = _setup(seed=9)
+    case = gen.case("decode")
+    want = torch.sort(runner.step(case.batch, case.inputs).topk.long(), -1).values.clone()
+    views = runner.input_views(case.num_real_tokens)
+    for view, given in zip(views, case.inputs, strict=True):
+        for name in ("q", "q_scale", "weights"):
+            getattr(view, name).copy_(getattr(given, name)[: case.num_real_tokens])
+    copies = 0
+
+    class CountCopies(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            nonlocal copies
+            copies += func is torch.ops.aten.copy_.default
+            return func(*args, **(kwargs or {}))
+
+    with CountCopies():
+        runner._load_batch(case.batch, views, runner._shape_of(case.batch)[0])
+    assert copies == 3  # query offsets, sequence lengths, block table: no layer input
+    got = torch.sort(runner.step(case.batch, views).topk.long(), -1).values
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="num_tokens = -1"):
+        runner.input_views(-1)
