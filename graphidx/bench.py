@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import json
 import time
 import traceback
@@ -455,20 +454,38 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
     from graphidx.ops.kernels.logits import LogitsConfig
 
     results = []
+    decode_points = {
+        # heads: (block_n, block_r, num_warps, num_stages, max_registers)
+        64: [(64, 2, 4, 2, None), (64, 2, 4, 2, 168), (64, 2, 4, 3, None), (64, 2, 4, 3, 168),
+             (64, 2, 4, 1, None), (64, 2, 8, 2, None)],
+        32: [(64, 2, 4, 2, None), (64, 2, 4, 3, None), (128, 2, 4, 2, None),
+             (128, 2, 4, 2, 168), (128, 2, 4, 3, None), (64, 2, 4, 2, 128)],
+    }  # fmt: skip
     for heads, contexts, page_entries in ((64, [16384] * 64, 64), (32, [65536] * 64, 128)):
-        for block_n, num_warps, num_stages in itertools.product((64, 128), (4, 8), (1, 2, 3)):
-            label = f"sweep decode H{heads} n{block_n} w{num_warps} s{num_stages}"
+        for point in decode_points[heads]:
+            label = "sweep decode H{} n{} r{} w{} s{} reg{}".format(heads, *point)
             build = functools.partial(
                 dense_decode_case, label, heads, 2, contexts, page_entries, ceilings, device,
-                config=LogitsConfig(block_n, 2, num_warps, num_stages),
+                config=LogitsConfig(*point),
             )  # fmt: skip
             results.append(_sweep_point(label, build))
-    prefill_points = ((64, 4, 8, 2), (64, 4, 4, 2), (64, 2, 4, 2), (64, 4, 8, 3), (128, 2, 8, 2))
-    for block_n, block_r, num_warps, num_stages in prefill_points:
-        label = f"sweep prefill n{block_n} r{block_r} w{num_warps} s{num_stages}"
+    prefill_points = (
+        (64, 4, 8, 2, None), (64, 2, 4, 2, None), (64, 2, 4, 2, 168), (64, 2, 4, 3, None),
+        (64, 1, 4, 2, None), (64, 4, 8, 3, None),
+    )  # fmt: skip
+    for point in prefill_points:
+        label = "sweep prefill n{} r{} w{} s{} reg{}".format(*point)
         build = functools.partial(
             prefill_case, 64, 4096, 32768, ceilings, device, name=label,
-            config=LogitsConfig(block_n, block_r, num_warps, num_stages),
+            config=LogitsConfig(*point),
+        )  # fmt: skip
+        results.append(_sweep_point(label, build))
+    skewed = [131072] + [1024] * 63
+    for programs in (2, 3, 4):
+        label = f"sweep decode skewed (schedule) H64 programs/SM {programs}"
+        build = functools.partial(
+            dense_decode_case, label, 64, 2, skewed, 64, ceilings, device, use_schedule=True,
+            config=LogitsConfig(64, 2, 4, 2, programs_per_sm=programs),
         )  # fmt: skip
         results.append(_sweep_point(label, build))
     for block_n, num_warps, num_stages in ((64, 4, 1), (128, 4, 1), (128, 4, 2), (128, 8, 1)):

@@ -1,7 +1,10 @@
 """The Triton backend of every op against the torch reference (OPS_CONTRACT 1-6).
 
 Runs under the Triton interpreter on a CPU (tests/conftest.py sets TRITON_INTERPRET=1), so
-shapes are small. Outputs are poisoned (NaN, or a sentinel int) before each call; the paged
+shapes are small. On a GPU machine the tests in `GPU_READY` run the kernels on the GPU
+(inputs copied there, the reference on the CPU): they cover the code only the GPU compiles
+(bf16 operands, packed-bf16 key decode); the others build CPU tensors and are skipped there.
+Outputs are poisoned (NaN, or a sentinel int) before each call; the paged
 cache has shuffled pages, a page stride wider than a page, and 0xFF in every byte no kernel
 should read (0xFF scales decode to NaN, so a stray read shows up as NaN in a compared column,
 and block-table entries past a seq's pages point outside the cache).
@@ -19,10 +22,30 @@ from graphidx.mxfp4 import cache_layout, pack_page
 
 ops = pytest.importorskip("graphidx.ops")
 pytest.importorskip("triton")
-if not ops.backend.triton_interpreted():
-    # These tests build CPU tensors for the interpreter; on a GPU machine the full-size
-    # check is tools/device_kernels.py (or run these with TRITON_INTERPRET=1).
-    pytest.skip("interpreter tests: TRITON_INTERPRET is not set", allow_module_level=True)
+INTERPRETED = ops.backend.triton_interpreted()
+if not INTERPRETED and not torch.cuda.is_available():
+    pytest.skip("needs TRITON_INTERPRET or a GPU", allow_module_level=True)
+TRITON_DEVICE = "cpu" if INTERPRETED else "cuda"
+GPU_READY = {
+    "test_dense_logits_match_reference",
+    "test_dense_nan_scale_propagates",
+    "test_dense_extreme_scales",
+    "test_dense_logits_mma_shaped_tile_loads",
+    "test_bf16x2_key_decode_is_exact",
+}
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_unless_gpu_ready(request: pytest.FixtureRequest) -> None:
+    if not INTERPRETED and request.node.originalname not in GPU_READY:
+        pytest.skip("builds CPU tensors for the interpreter (set TRITON_INTERPRET=1)")
+
+
+def on_triton_device(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """The tensors on the device the triton backend runs on (CPU under the interpreter)."""
+    return [None if t is None else t.to(TRITON_DEVICE) for t in tensors]
+
+
 from graphidx.ops.kernels.topk import TopkConfig  # noqa: E402
 from graphidx.ops.kernels.topk import topk_per_row as triton_topk_per_row  # noqa: E402
 
@@ -144,14 +167,14 @@ def run_dense(
     q, q_scale, weights = queries
     out = torch.full((q.shape[0], width), NAN)
     block_scores = torch.full((q.shape[0], block_cols), NAN) if block_size else None
+    args = [q, q_scale, cache.kv_cache, weights, cache.context_lens, cache.block_table, row_ends]
+    if backend == "triton" and TRITON_DEVICE != "cpu":
+        args = on_triton_device(*args)  # type: ignore[assignment]
+        out, block_scores, schedule = on_triton_device(out, block_scores, schedule)
+        extra = {k: v.to(TRITON_DEVICE) if isinstance(v, torch.Tensor) else v
+                 for k, v in extra.items()}  # fmt: skip
     ops.paged_mqa_logits(
-        q,
-        q_scale,
-        cache.kv_cache,
-        weights,
-        cache.context_lens,
-        cache.block_table,
-        row_ends,
+        *args,
         out,
         schedule=schedule,
         block_scores=block_scores,
@@ -161,7 +184,7 @@ def run_dense(
         backend=backend,
         **extra,
     )
-    return out, block_scores
+    return out.cpu(), None if block_scores is None else block_scores.cpu()
 
 
 DENSE_CASES = [
@@ -270,6 +293,108 @@ def test_dense_nan_scale_propagates(gen: torch.Generator) -> None:
     assert_logits_match(got, want)
     assert got_bs is not None and want_bs is not None
     assert_logits_match(got_bs[:, :3], want_bs[:, :3])
+
+
+def test_dense_extreme_scales(gen: torch.Generator) -> None:
+    """Scale bytes at both ends of e8m0: keys of 2**-127 and 2**-126 (subnormal in float32
+    and bf16) against queries of 2**125, keys of 2**125 against queries of 2**-125. Every
+    product stays a normal float32, so kernel and reference must agree."""
+    heads, head_dim, page_entries = 4, 128, 64
+    contexts = [150, 70]
+    cache = make_cache(gen, contexts, num_heads=heads, head_dim=head_dim, page_entries=page_entries)
+    layout = cache_layout(heads, head_dim, page_entries)
+    from graphidx.mxfp4 import entry_offsets
+
+    _, scale_offsets = entry_offsets(layout)  # [entries, D / 32] byte offsets in a page
+    for s, context in enumerate(contexts):
+        for column in range(cdiv(context, page_entries)):
+            page = cache.kv_cache[int(cache.block_table[s, column])]
+            tiny = torch.randint(0, 2, (page_entries,), generator=gen).to(torch.uint8)
+            page[scale_offsets[:, 0].long()] = tiny  # block 0: 2**-127 or 2**-126
+            page[scale_offsets[:, 1].long()] = 252  # block 1: 2**125
+    rows = 4
+    q, q_scale, weights = make_queries(gen, rows, heads, head_dim)
+    q_scale[:, :, 0] = 252
+    q_scale[:, :, 1] = torch.randint(2, 4, (rows, heads), generator=gen).to(torch.uint8)
+    row_ends = torch.tensor([150, 149, 70, 69], dtype=torch.int32)
+    extra = {"next_n": 2}
+    want, _ = run_dense("reference", cache, (q, q_scale, weights), row_ends, 160, extra)
+    got, _ = run_dense("triton", cache, (q, q_scale, weights), row_ends, 160, extra)
+    for r, end in enumerate(row_ends.tolist()):
+        assert bool(want[r, :end].isfinite().all())  # the test is about numbers, not NaN
+    assert_logits_match(got, want)
+
+
+@pytest.mark.parametrize(
+    ("block_n", "page_entries", "heads", "head_dim"),
+    [(64, 64, 4, 128), (64, 128, 8, 64), (128, 128, 4, 256)],
+)
+def test_dense_logits_mma_shaped_tile_loads(
+    gen: torch.Generator, block_n: int, page_entries: int, heads: int, head_dim: int
+) -> None:
+    """4 warps and one page per tile: keys load straight in the tensor-core operand's thread
+    layout (`key_tile_bytes_mma`), full tiles and masked tails alike."""
+    from graphidx.ops.kernels.logits import LogitsConfig
+    from graphidx.ops.kernels.logits import paged_mqa_logits as triton_logits
+
+    next_n, contexts, width = 2, [block_n * 2 + 37, block_n, 5], block_n * 3
+    rows = next_n * len(contexts)
+    cache = make_cache(gen, contexts, num_heads=heads, head_dim=head_dim, page_entries=page_entries)
+    q, q_scale, weights = make_queries(gen, rows, heads, head_dim)
+    row_ends = torch.tensor(
+        [c - (next_n - 1 - j) for c in contexts for j in range(next_n)], dtype=torch.int32
+    )
+    want, want_bs = run_dense(
+        "reference", cache, (q, q_scale, weights), row_ends, width, {"next_n": next_n},
+        block_size=16, block_cols=width // 16,
+    )  # fmt: skip
+    got, got_bs, *args = on_triton_device(
+        torch.full((rows, width), NAN), torch.full((rows, width // 16), NAN),
+        q, q_scale, cache.kv_cache, weights, cache.context_lens, cache.block_table, row_ends,
+    )  # fmt: skip
+    triton_logits(
+        *args, got, next_n=next_n, page_entries=cache.page_entries,  # type: ignore[arg-type]
+        block_scores=got_bs, candidate_block_size=16,
+        config=LogitsConfig(block_n=block_n, block_r=2, num_warps=4, num_stages=2),
+    )  # fmt: skip
+    assert got is not None and got_bs is not None
+    got, got_bs = got.cpu(), got_bs.cpu()
+    assert_logits_match(got, want)
+    assert want_bs is not None
+    for r in range(rows):
+        written = cdiv(max(0, min(int(row_ends[r]), width)), 16)
+        assert_logits_match(got_bs[r, :written], want_bs[r, :written])
+
+
+def test_bf16x2_key_decode_is_exact() -> None:
+    """The bit recipe of `dequantize_keys_bf16x2` (GPU-only PTX) replayed in torch bf16: every
+    value byte under every scale byte equals e2m1 * 2**(E - 127) in float64 (NaN at E = 255,
+    inf where float32 overflows). Each bf16 multiply of the recipe is by a power of two, so
+    torch's rounding and fma.rn.bf16x2's agree."""
+    from graphidx.mxfp4.format import E2M1_VALUES
+    from graphidx.ops.kernels.mxfp4_tl import BF16_PAIR_MAGNITUDES, BF16_PAIR_SIGNS
+
+    byte = torch.arange(256, dtype=torch.int64)[:, None]
+    scale = torch.arange(256, dtype=torch.int64)[None, :]
+    multiply, mask = BF16_PAIR_MAGNITUDES.value
+    sign_multiply, sign_mask = BF16_PAIR_SIGNS.value
+    pair = ((byte * multiply) & mask) | ((byte * sign_multiply) & (sign_mask & 0xFFFFFFFF))
+    shift = scale - 1
+    low = shift >> 1
+    low_factor = ((low + 127) << 7).expand(256, 256)
+    high_factor = torch.where(scale == 255, 0x7FC0, (shift - low + 127) << 7).expand(256, 256)
+
+    def as_bf16(bits: torch.Tensor) -> torch.Tensor:
+        return (bits & 0xFFFF).to(torch.int32).to(torch.int16).view(torch.bfloat16)
+
+    code = torch.tensor([v for v in E2M1_VALUES] + [-v for v in E2M1_VALUES], dtype=torch.float64)
+    for half, nibble in ((pair, byte & 0xF), (pair >> 16, byte >> 4)):
+        got = (as_bf16(half) * as_bf16(low_factor)) * as_bf16(high_factor)
+        want = (code[nibble] * torch.pow(2.0, (scale - 127).double())).float()
+        want = torch.where(scale == 255, float("nan"), want)
+        assert torch.equal(got.float().isnan(), want.isnan())
+        finite = ~want.isnan()
+        assert torch.equal(got.float()[finite], want[finite])
 
 
 # ---------------------------------------------------------------------------------------

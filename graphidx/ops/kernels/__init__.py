@@ -25,14 +25,26 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def dot_in_fp32() -> bool:
-    """True when tile products must use fp32 operands instead of bf16.
+OPERANDS_FP32 = 0
+"""Tiles stay float32 and `tl.dot` runs in IEEE fp32: the interpreter, whose bf16 dot is
+unreliable (every operand value is exact in fp32 too, so the products are the same)."""
+OPERANDS_BF16 = 1
+"""Tiles decode in float32 and are rounded to bf16 (exactly) for the tensor cores: portable
+Triton, used on ROCm."""
+OPERANDS_BF16X2 = 2
+"""Key tiles decode straight to bf16 pairs with packed PTX arithmetic (`fma.rn.bf16x2`): about
+half the decode instructions of OPERANDS_BF16; NVIDIA sm_80+ only."""
 
-    The Triton interpreter mishandles bf16 `tl.dot` operands; every operand value here is an
-    e2m1 element times a power of two, exact in bf16 and fp32 alike, so fp32 gives the same
-    products there.
-    """
-    return triton_interpreted()
+
+def operand_mode() -> int:
+    """How the logits kernels turn decoded MXFP4 tiles into tensor-core operands (a kernel
+    constexpr): OPERANDS_FP32 under the interpreter, OPERANDS_BF16X2 on NVIDIA GPUs,
+    OPERANDS_BF16 elsewhere (ROCm). A property of the platform, never of the data."""
+    if triton_interpreted():
+        return OPERANDS_FP32
+    if torch.version.hip is not None:
+        return OPERANDS_BF16
+    return OPERANDS_BF16X2
 
 
 @functools.cache
@@ -52,4 +64,11 @@ def multiprocessor_count(device: torch.device) -> int:
     return _sm_count(index)
 
 
-__all__ = ["dot_in_fp32", "multiprocessor_count", "next_power_of_2"]
+__all__ = [
+    "OPERANDS_BF16",
+    "OPERANDS_BF16X2",
+    "OPERANDS_FP32",
+    "multiprocessor_count",
+    "next_power_of_2",
+    "operand_mode",
+]

@@ -23,16 +23,17 @@ import triton.language as tl
 
 from graphidx.config import cdiv
 from graphidx.mxfp4 import cache_layout
-from graphidx.ops.kernels import dot_in_fp32, next_power_of_2
+from graphidx.ops.kernels import OPERANDS_FP32, next_power_of_2, operand_mode
 from graphidx.ops.kernels.mxfp4_tl import (
-    WEIGHT_RESCALE,
-    load_key_tile,
+    decode_key_tile,
+    key_tile_bytes,
     load_query_tile,
     mma_operand,
     relu_propagate_nan,
     seq_of_row,
     tile_scores,
     tile_split,
+    weight_rescale,
 )
 
 GATHER_SPLIT_COLUMNS = 2048
@@ -55,7 +56,7 @@ def default_config(candidate_block_size: int) -> GatherConfig:
     """128 keys per tile on a GPU (sm_90 SASS: ~930 instructions per key vs ~1160 at 64);
     the loads are gathers, so latency is hidden by 4 resident programs rather than by
     software pipelining (num_stages 1)."""
-    block_n = 16 if dot_in_fp32() else 128
+    block_n = 16 if operand_mode() == OPERANDS_FP32 else 128
     return GatherConfig(
         block_n=max(block_n, next_power_of_2(candidate_block_size)), num_warps=4, num_stages=1
     )
@@ -99,7 +100,7 @@ def _gather_logits_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     CLEAN: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    OPERANDS: tl.constexpr,
 ):
     row = tl.program_id(0)
     col_start = tl.program_id(1) * SPLIT
@@ -127,9 +128,9 @@ def _gather_logits_kernel(
             SUB,
             RUN,
         )
-        queries_t = mma_operand(tl.trans(queries), FP32_DOT)
+        queries_t = mma_operand(tl.trans(queries), OPERANDS)
         weights = tl.load(w_ptr + row.to(tl.int64) * w_row_stride + head, mask=head_ok, other=0.0)
-        weights = weights * WEIGHT_RESCALE
+        weights = weights * weight_rescale(OPERANDS)
         context = tl.load(ctx_ptr + seq)
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
         pos_row = positions_ptr + row.to(tl.int64) * pos_row_stride
@@ -144,10 +145,11 @@ def _gather_logits_kernel(
             position = tl.where(scored, position, 0).to(tl.uint32)
             page = tl.load(block_row + position // E, mask=scored, other=0)
             page_ptr = kv_ptr + page.to(tl.int64) * page_stride
-            keys = load_key_tile(
+            values, scales = key_tile_bytes(
                 page_ptr, (position % E).to(tl.int32), scored, D, E, NPT, LANES, SUB, RUN, True
             )
-            scores = relu_propagate_nan(tile_scores(keys, queries_t, FP32_DOT))
+            keys = decode_key_tile(values, scales, OPERANDS)
+            scores = relu_propagate_nan(tile_scores(keys, queries_t, OPERANDS))
             logits = tl.sum(scores * weights[None, :], axis=1)
             logits = tl.where(scored, logits, float("-inf"))
             tl.store(out_row + col, logits, mask=written)
@@ -249,7 +251,7 @@ def gather_mqa_logits(
         BLOCK_N=cfg.block_n,
         SPLIT=GATHER_SPLIT_COLUMNS,
         CLEAN=clean,
-        FP32_DOT=dot_in_fp32(),
+        OPERANDS=operand_mode(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip

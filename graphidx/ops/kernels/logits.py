@@ -19,7 +19,7 @@ Row groups and grids (all decided by shapes, never by device values):
   one group, or cdiv(next_n, BLOCK_R) groups of BLOCK_R rows when next_n * heads would
   exceed N = 256. Static grid (groups, cdiv(W, SPLIT)): program (g, i) scores keys
   [i * SPLIT, +SPLIT) and exits at once past the group's span. With a `schedule`
-  (graphidx.ops.schedule) a persistent grid of `multiprocessor_count * PROGRAMS_PER_SM`
+  (graphidx.ops.schedule) a persistent grid of `multiprocessor_count * programs_per_sm`
   programs walks the schedule's (seq, key_start, key_end) items instead (every row block
   of the seq), so one long request is split across the GPU.
 - prefill (`query_start_loc`): groups are row blocks of <= BLOCK_R rows that never cross a
@@ -40,10 +40,16 @@ import triton.language as tl
 
 from graphidx.config import cdiv
 from graphidx.mxfp4 import cache_layout
-from graphidx.ops.kernels import dot_in_fp32, multiprocessor_count, next_power_of_2
+from graphidx.ops.kernels import (
+    OPERANDS_FP32,
+    multiprocessor_count,
+    next_power_of_2,
+    operand_mode,
+)
 from graphidx.ops.kernels.mxfp4_tl import (
-    WEIGHT_RESCALE,
-    load_key_tile,
+    decode_key_tile,
+    key_tile_bytes,
+    key_tile_bytes_mma,
     load_query_tile,
     max_propagate_nan,
     mma_operand,
@@ -51,14 +57,13 @@ from graphidx.ops.kernels.mxfp4_tl import (
     seq_of_row,
     tile_scores,
     tile_split,
+    weight_rescale,
 )
 from graphidx.ops.schedule import SCHEDULE_HEADER_INTS, SCHEDULE_ITEM_INTS, SPLIT_ALIGNMENT
 
 GROUP_FIXED = 0  # next_n rows (or one row) per seq
 GROUP_QUERY_START_LOC = 1  # rows of a seq given by query_start_loc
 
-PROGRAMS_PER_SM = 2
-"""Persistent programs per multiprocessor in scheduled decode (a device constant)."""
 
 DECODE_SPLIT_KEYS = 2048
 """Keys per program of the static decode grid (and of the untrusted-schedule walk)."""
@@ -79,12 +84,22 @@ MIN_MMA_COLUMNS = 16  # tl.dot needs N >= 16
 
 @dataclass(frozen=True)
 class LogitsConfig:
-    """Tile shape and launch parameters of one dense-logits launch (chosen from shapes)."""
+    """Tile shape and launch parameters of one dense-logits launch (chosen from shapes).
+
+    num_stages 1 turns Triton's shared-memory pipelining off; the kernel then prefetches the
+    next tile's raw bytes into registers itself (one tile ahead). max_registers caps the
+    registers per thread (None: the compiler's choice), trading spills for resident programs.
+    The kernel loads keys straight in the tensor-core operand layout when num_warps is 4 and
+    block_n is a multiple of 64 that divides page_entries (`key_tile_bytes_mma`).
+    """
 
     block_n: int
     block_r: int
     num_warps: int
     num_stages: int
+    max_registers: int | None = None
+    programs_per_sm: int = 2
+    """Persistent programs per multiprocessor of the scheduled decode grid."""
 
 
 def default_config(
@@ -107,7 +122,7 @@ def default_config(
     # amortize the per-tile overhead over 128 (sm_90 SASS: ~1000 vs ~1070 instructions per
     # key at H = 32). The interpreter gets small tiles: they keep the tests fast.
     wide = block_r * heads_pad >= 128
-    block_n = 16 if dot_in_fp32() else (64 if wide else 128)
+    block_n = 16 if operand_mode() == OPERANDS_FP32 else (64 if wide else 128)
     if page_entries % 64 == 0 and block_n > page_entries:
         block_n = page_entries  # a tile within one page: one block-table read per tile
     block_n = max(block_n, candidate_block_size)
@@ -156,7 +171,8 @@ def _score_group(
     BLOCK_N: tl.constexpr,
     HAS_BLOCK_SCORES: tl.constexpr,
     C: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    OPERANDS: tl.constexpr,
+    MMA_ROWS: tl.constexpr,
 ):
     """Score keys [key_start, key_stop) of row group `group` (see the module docstring)."""
     if GROUPING == 1:
@@ -204,59 +220,64 @@ def _score_group(
             SUB,
             RUN,
         )
-        queries_t = mma_operand(tl.trans(queries), FP32_DOT)
+        queries_t = mma_operand(tl.trans(queries), OPERANDS)
         weights = tl.load(w_ptr + q_row.to(tl.int64) * w_row_stride + q_head, mask=q_ok, other=0.0)
-        weights = weights * WEIGHT_RESCALE
+        weights = weights * weight_rescale(OPERANDS)
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
         full_stop = key_start + (key_stop - key_start) // BLOCK_N * BLOCK_N
+        tile_args = (
+            row,
+            row_len,
+            queries_t,
+            weights,
+            out_ptr,
+            bs_ptr,
+            out_row_stride,
+            bs_row_stride,
+        )
+        fetch_args = (kv_ptr, block_row, page_stride)
         for tile_start in range(key_start, full_stop, BLOCK_N):
+            values, scales = _fetch_tile(
+                tile_start, key_stop, *fetch_args,
+                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
+            )  # fmt: skip
             _score_tile(
-                tile_start, key_stop, row, row_len, queries_t, weights, kv_ptr, block_row,
-                out_ptr, bs_ptr, page_stride, out_row_stride, bs_row_stride,
-                HP, D, SUB, RUN, E, NPT, LANES, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, FP32_DOT,
-                False,
+                tile_start, decode_key_tile(values, scales, OPERANDS), *tile_args,
+                HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
             )  # fmt: skip
         if full_stop < key_stop:
+            values, scales = _fetch_tile(
+                full_stop, key_stop, *fetch_args,
+                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, True,
+            )  # fmt: skip
             _score_tile(
-                full_stop, key_stop, row, row_len, queries_t, weights, kv_ptr, block_row,
-                out_ptr, bs_ptr, page_stride, out_row_stride, bs_row_stride,
-                HP, D, SUB, RUN, E, NPT, LANES, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, FP32_DOT,
-                True,
+                full_stop, decode_key_tile(values, scales, OPERANDS), *tile_args,
+                HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
             )  # fmt: skip
 
 
 @triton.jit
-def _score_tile(
+def _fetch_tile(
     tile_start,
     key_stop,
-    row,
-    row_len,
-    queries_t,
-    weights,
     kv_ptr,
     block_row,
-    out_ptr,
-    bs_ptr,
     page_stride,
-    out_row_stride,
-    bs_row_stride,
-    HP: tl.constexpr,
     D: tl.constexpr,
-    SUB: tl.constexpr,
-    RUN: tl.constexpr,
     E: tl.constexpr,
     NPT: tl.constexpr,
     LANES: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    SUB: tl.constexpr,
+    RUN: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    HAS_BLOCK_SCORES: tl.constexpr,
-    C: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    MMA_ROWS: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """Keys [tile_start, tile_start + BLOCK_N) of one row group: logits and block scores.
+    """Raw bytes of keys [tile_start, tile_start + BLOCK_N) of one seq (see `key_tile_bytes`).
 
-    tile_start is a multiple of BLOCK_N; MASKED when the tile runs past key_stop.
+    tile_start is a multiple of BLOCK_N. MASKED reads only keys below key_stop; unmasked
+    reads the whole tile. MMA_ROWS (4 warps, BLOCK_N a multiple of 64 dividing E) loads in
+    the tensor-core operand's thread layout (`key_tile_bytes_mma`).
     """
     key = tile_start + tl.arange(0, BLOCK_N)
     live = key < key_stop
@@ -264,13 +285,47 @@ def _score_tile(
         # The tile lies in one page: one block-table read, one 64-bit page address.
         page = tl.load(block_row + tile_start // E)
         page_ptr = kv_ptr + page.to(tl.int64) * page_stride
-        entry = tile_start % E + tl.arange(0, BLOCK_N)
+        if MMA_ROWS:
+            values, scales = key_tile_bytes_mma(
+                page_ptr, tile_start % E, key_stop - tile_start,
+                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MASKED,
+            )  # fmt: skip
+        else:
+            entry = tile_start % E + tl.arange(0, BLOCK_N)
+            values, scales = key_tile_bytes(
+                page_ptr, entry, live, D, E, NPT, LANES, SUB, RUN, MASKED
+            )
     else:
         page = tl.load(block_row + key // E, mask=live, other=0)
         page_ptr = kv_ptr + page.to(tl.int64) * page_stride
-        entry = key % E
-    keys = load_key_tile(page_ptr, entry, live, D, E, NPT, LANES, SUB, RUN, MASKED)
-    scores = relu_propagate_nan(tile_scores(keys, queries_t, FP32_DOT))
+        values, scales = key_tile_bytes(page_ptr, key % E, live, D, E, NPT, LANES, SUB, RUN, MASKED)
+    return values, scales
+
+
+@triton.jit
+def _score_tile(
+    tile_start,
+    keys,
+    row,
+    row_len,
+    queries_t,
+    weights,
+    out_ptr,
+    bs_ptr,
+    out_row_stride,
+    bs_row_stride,
+    HP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BLOCK_SCORES: tl.constexpr,
+    C: tl.constexpr,
+    OPERANDS: tl.constexpr,
+):
+    """Keys [tile_start, tile_start + BLOCK_N) of one row group, decoded (`decode_key_tile`):
+    logits and block scores. tile_start is a multiple of BLOCK_N; columns at or past a row's
+    length are not written."""
+    key = tile_start + tl.arange(0, BLOCK_N)
+    scores = relu_propagate_nan(tile_scores(keys, queries_t, OPERANDS))
     scores = scores * weights[None, :]
     logits = tl.sum(tl.reshape(scores, [BLOCK_N, BLOCK_R, HP]), axis=2)
     visible = key[:, None] < row_len[None, :]
@@ -328,7 +383,8 @@ def _logits_static_kernel(
     BLOCK_N: tl.constexpr,
     HAS_BLOCK_SCORES: tl.constexpr,
     C: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    OPERANDS: tl.constexpr,
+    MMA_ROWS: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
     """Grid (groups, key splits): program (g, i) scores keys [i * SPLIT, (i + 1) * SPLIT)."""
@@ -373,7 +429,8 @@ def _logits_static_kernel(
         BLOCK_N,
         HAS_BLOCK_SCORES,
         C,
-        FP32_DOT,
+        OPERANDS,
+        MMA_ROWS,
     )
 
 
@@ -415,7 +472,8 @@ def _logits_scheduled_kernel(
     BLOCK_N: tl.constexpr,
     HAS_BLOCK_SCORES: tl.constexpr,
     C: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    OPERANDS: tl.constexpr,
+    MMA_ROWS: tl.constexpr,
     SPLIT: tl.constexpr,
     HEADER: tl.constexpr,
     ITEM: tl.constexpr,
@@ -483,7 +541,8 @@ def _logits_scheduled_kernel(
                 BLOCK_N,
                 HAS_BLOCK_SCORES,
                 C,
-                FP32_DOT,
+                OPERANDS,
+                MMA_ROWS,
             )
 
 
@@ -612,9 +671,13 @@ def paged_mqa_logits(
         BLOCK_N=cfg.block_n,
         HAS_BLOCK_SCORES=block_scores is not None,
         C=size,
-        FP32_DOT=dot_in_fp32(),
+        OPERANDS=operand_mode(),
+        MMA_ROWS=cfg.num_warps == 4
+        and cfg.block_n % 64 == 0
+        and layout.page_entries % cfg.block_n == 0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **({} if cfg.max_registers is None else {"maxnreg": cfg.max_registers}),
     )
     strides = (
         q.stride(0),
@@ -630,7 +693,7 @@ def paged_mqa_logits(
     if width > 0 and num_seqs > 0:
         if schedule is not None:
             split = DECODE_SPLIT_KEYS
-            grid: tuple[int, ...] = (multiprocessor_count(q.device) * PROGRAMS_PER_SM,)
+            grid: tuple[int, ...] = (multiprocessor_count(q.device) * cfg.programs_per_sm,)
             _logits_scheduled_kernel[grid](
                 q, q_scale, kv_cache, weights, context_lens, block_table, row_ends, out, bs,
                 schedule, *strides, rows, num_seqs, width, cdiv(width, split),

@@ -19,9 +19,15 @@ Decoded values carry a constant factor: an element is produced as `value * 2**-1
 handles the e2m1 subnormal 0.5 correctly) and one multiply by the e8m0 factor do the whole
 decode: the e2m1 code is placed in the top of an fp16 whose exponent bias makes it
 `value * 2**-14`. A product of a decoded key and a decoded query therefore carries
-`2**-28`; kernels multiply their float32 head weights by `WEIGHT_RESCALE = 2**28` once,
+`2**-28`; kernels multiply their float32 head weights by `KEY_QUERY_FACTOR = 2**28` once,
 which restores exactly the same float32 result (scaling by a power of two commutes with
 rounding) unless a partial sum leaves float32's normal range (|x| < 2**-98).
+
+On NVIDIA GPUs (`OPERANDS_BF16X2`) key tiles skip float32 altogether: a byte's two nibbles
+are placed into a bf16 pair whose bits read `value * 2**-126` (exponent field `ee`, the
+subnormal 0.5 at `ee == 0` again exact), and one packed multiply per factor scales the pair by
+`2**(E - 1)`, split in two powers of two that bf16 always holds. Those keys carry no constant
+factor, so a product carries only the query's `2**-14` (`weight_rescale`).
 
 Exactness: every decoded element is an e2m1 value times a power of two, so it is exact in
 bf16 (the tensor-core operand) and every product is exact in the float32 accumulator. An
@@ -33,12 +39,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+import graphidx.ops.kernels as operand_modes
+
 DEQUANT_EXPONENT_SHIFT = 14
 """Decoded elements are `value * 2**-DEQUANT_EXPONENT_SHIFT`."""
 
-WEIGHT_RESCALE = tl.constexpr(float(2 ** (2 * DEQUANT_EXPONENT_SHIFT)))
-"""Multiply head weights by this to undo the factor of a key-query product (a constexpr:
-Triton kernels may only read constexpr globals)."""
+KEY_QUERY_FACTOR = tl.constexpr(float(2 ** (2 * DEQUANT_EXPONENT_SHIFT)))
+"""Undoes the `2**-28` of a product of two float32-decoded elements (a constexpr: Triton
+kernels may only read constexpr globals)."""
+QUERY_FACTOR = tl.constexpr(float(2**DEQUANT_EXPONENT_SHIFT))
+"""Undoes the `2**-14` of a product of a bf16x2-decoded key and a float32-decoded query."""
+BF16_PAIR_MAGNITUDES = tl.constexpr((0x00040040, 0x01C001C0))
+"""(multiplier, mask) placing a byte's two 3-bit e2m1 magnitudes at bf16 bits 6..8, 22..24."""
+BF16_PAIR_SIGNS = tl.constexpr((0x01001000, -0x7FFF8000))
+"""(multiplier, mask) placing a byte's two sign bits at bf16 bits 15 and 31 (0x80008000)."""
+OPERANDS_FP32 = tl.constexpr(operand_modes.OPERANDS_FP32)
+OPERANDS_BF16X2 = tl.constexpr(operand_modes.OPERANDS_BF16X2)
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
@@ -90,6 +106,42 @@ def dequantize_tile(value_bytes, scale_bytes):
 
 
 @triton.jit
+def dequantize_keys_bf16x2(value_bytes, scale_bytes):
+    """Decode a kernel-order tile straight to bf16 `value * 2**(E - 127)`: `[M, SUB * RUN * 8]`.
+
+    Same arguments and element order as `dequantize_tile`, no constant factor. NVIDIA only
+    (inline PTX `fma.rn.bf16x2`, sm_80+). E = 255 gives NaN, E = 0 bf16 subnormals.
+    """
+    rows: tl.constexpr = value_bytes.shape[0]
+    sub: tl.constexpr = value_bytes.shape[1]
+    run: tl.constexpr = value_bytes.shape[2]
+    # A byte b = s1 m1 s0 m0 times (2**6 + 2**18) puts m0 at bits 6..8 and m1 at 22..24, times
+    # (2**12 + 2**24) puts s0 at bit 15 and s1 at bit 31 (copies never overlap, so no carries):
+    # a bf16 pair whose exponent fields are the codes' `ee`, each element `value * 2**-126`.
+    magnitudes = (value_bytes * BF16_PAIR_MAGNITUDES[0]) & BF16_PAIR_MAGNITUDES[1]
+    signs = (value_bytes * BF16_PAIR_SIGNS[0]) & BF16_PAIR_SIGNS[1]
+    pair = magnitudes | signs
+    # Scale by 2**(E - 1) = 2**low * 2**high, low = floor((E - 1) / 2) in [-1, 126], high in
+    # [0, 127]: both factors are normal bf16, and the intermediate (>= 2**-128) stays exact.
+    shift = scale_bytes - 1
+    low = shift >> 1
+    low_bits = (low + 127) << 7
+    high_bits = tl.where(scale_bytes == 255, 0x7FC0, (shift - low + 127) << 7)
+    pair = tl.inline_asm_elementwise(
+        "{ .reg .b32 nz; mov.b32 nz, 0x80008000; "
+        "fma.rn.bf16x2 $0, $1, $2, nz; fma.rn.bf16x2 $0, $0, $3, nz; }",
+        "=r,r,r,r",
+        [pair, low_bits | (low_bits << 16), high_bits | (high_bits << 16)],
+        dtype=tl.int32,
+        is_pure=True,
+        pack=1,
+    )
+    first = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    second = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return tl.reshape(tl.join(first, second), [rows, sub * run * 8])
+
+
+@triton.jit
 def _kernel_order_bytes(SUB: tl.constexpr, RUN: tl.constexpr):
     """Memory byte (within an entry) and its chunk for every (s, j, t) of a kernel-order tile.
 
@@ -103,7 +155,7 @@ def _kernel_order_bytes(SUB: tl.constexpr, RUN: tl.constexpr):
 
 
 @triton.jit
-def load_key_tile(
+def key_tile_bytes(
     page_ptr,
     entry,
     live,
@@ -115,12 +167,13 @@ def load_key_tile(
     RUN: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """Decode keys `entry` of their pages in the paged cache: float32 `[M, D]`, kernel order.
+    """Load the raw bytes of keys `entry` of their pages, kernel order: uint8 values
+    `[M, SUB, RUN, 4]` and scales `[M, SUB, 1, 4]` (decode with `decode_key_tile`).
 
     page_ptr: uint8 pointer to each key's page (`[M]` pointers), or one scalar pointer when
     the whole tile lies in one page; entry: int32 `[M]`, each key's slot in its page; live:
-    bool `[M]`, the keys to read when MASKED (others decode to 0 and touch no memory); with
-    MASKED false every key is read.
+    bool `[M]`, the keys to read when MASKED (others read as value 0, scale 127 and touch no
+    memory); with MASKED false every key is read.
     """
     # Slots are never negative: unsigned division by the power-of-two tile is a shift.
     slot = entry.to(tl.uint32)
@@ -140,7 +193,81 @@ def load_key_tile(
     else:
         values = tl.load(value_ptrs)
         scales = tl.load(scale_ptrs)
-    return dequantize_tile(values.to(tl.int32), scales.to(tl.int32))
+    return values, scales
+
+
+@triton.jit
+def key_tile_bytes_mma(
+    page_ptr,
+    first_entry,
+    live_keys,
+    D: tl.constexpr,
+    E: tl.constexpr,
+    NPT: tl.constexpr,
+    LANES: tl.constexpr,
+    SUB: tl.constexpr,
+    RUN: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """`key_tile_bytes` for keys first_entry .. first_entry + BLOCK_N - 1 of one page, loaded
+    straight in the thread layout of a 4-warp (one warpgroup) tensor-core A operand, so the
+    decoded tile needs no shuffle through shared memory. BLOCK_N: a multiple of 64.
+
+    In that layout a key row m = g + 8 r + 16 w + 64 p sits in lane 4 g + t of warp w
+    (register r, repetition p), and lane t holds the row's bytes t * D/8 ... (kernel order).
+    The loads are built as `[t, g, w, p, r, SUB, RUN]`: Triton lays a load's threads along
+    its dimensions in order of contiguity, ties in dimension order, so lanes go to t then g
+    and warps to w, as the operand wants; a permute and a reshape (no data movement) then
+    give the `[BLOCK_N, SUB, RUN, 4]` tile. MASKED reads only rows m < live_keys.
+    """
+    REPS: tl.constexpr = BLOCK_N // 64
+    t = tl.arange(0, 4)[:, None, None, None, None, None, None]
+    g = tl.arange(0, 8)[None, :, None, None, None, None, None]
+    w = tl.arange(0, 4)[None, None, :, None, None, None, None]
+    p = tl.arange(0, REPS)[None, None, None, :, None, None, None]
+    r = tl.arange(0, 2)[None, None, None, None, :, None, None]
+    s = tl.arange(0, SUB)[None, None, None, None, None, :, None]
+    j = tl.arange(0, RUN)[None, None, None, None, None, None, :]
+    row = g + 8 * r + 16 * w + 64 * p
+    entry = (first_entry + row).to(tl.uint32)
+    tile = (entry // NPT).to(tl.int32)
+    local = (entry % NPT).to(tl.int32)
+    first = t * (SUB * RUN) + s * RUN  # first byte of the lane's run (as _kernel_order_bytes)
+    chunk = first // 16
+    scales_per_lane: tl.constexpr = (D // 32) // LANES
+    byte = first + j
+    value_ptrs = page_ptr + (
+        tile * (NPT * (D // 2)) + local * 16 + (byte // 16) * (NPT * 16) + byte % 16
+    )
+    scale_ptrs = page_ptr + (
+        E * (D // 2)
+        + tile * (NPT * (D // 32))
+        + local * scales_per_lane
+        + (chunk % LANES) * (NPT * scales_per_lane)
+        + chunk // LANES
+    )
+    if MASKED:
+        values = tl.load(value_ptrs, mask=row < live_keys, other=0)
+        scales = tl.load(scale_ptrs, mask=row < live_keys, other=127)
+    else:
+        values = tl.load(value_ptrs)
+        scales = tl.load(scale_ptrs)
+    # [t, g, w, p, r, s, j] -> [p, w, r, g, s, j, t] -> rows m = ((p * 4 + w) * 2 + r) * 8 + g.
+    values = tl.reshape(tl.permute(values, (3, 2, 4, 1, 5, 6, 0)), [BLOCK_N, SUB, RUN, 4])
+    scales = tl.reshape(tl.permute(scales, (3, 2, 4, 1, 5, 6, 0)), [BLOCK_N, SUB, 1, 4])
+    return values, scales
+
+
+@triton.jit
+def decode_key_tile(values, scales, OPERANDS: tl.constexpr):
+    """Keys from `key_tile_bytes`: `[M, D]` in kernel order, bf16 from
+    `dequantize_keys_bf16x2` under OPERANDS_BF16X2, else float32 from `dequantize_tile`."""
+    if OPERANDS == OPERANDS_BF16X2:
+        keys = dequantize_keys_bf16x2(values.to(tl.int32), scales.to(tl.int32))
+    else:
+        keys = dequantize_tile(values.to(tl.int32), scales.to(tl.int32))
+    return keys
 
 
 @triton.jit
@@ -178,22 +305,37 @@ def load_query_tile(
 
 
 @triton.jit
-def mma_operand(x, FP32_DOT: tl.constexpr):
+def mma_operand(x, OPERANDS: tl.constexpr):
     """A decoded tile as a tensor-core operand: bf16 on a GPU (exact for decoded MXFP4),
     float32 under the interpreter (whose bf16 dot is unreliable); same numbers either way.
     Convert loop-invariant operands once, outside the key loop."""
-    if FP32_DOT:
-        return x
-    return x.to(tl.bfloat16)
+    if OPERANDS == OPERANDS_FP32:  # noqa: SIM108 (a constexpr branch: one side compiles)
+        operand = x
+    else:
+        operand = x.to(tl.bfloat16)
+    return operand
 
 
 @triton.jit
-def tile_scores(keys, queries_t, FP32_DOT: tl.constexpr):
+def tile_scores(keys, queries_t, OPERANDS: tl.constexpr):
     """`keys [M, K] @ queries_t [K, N]` with float32 accumulation; queries_t from
-    `mma_operand`, keys decoded float32."""
-    if FP32_DOT:
-        return tl.dot(keys, queries_t, input_precision="ieee")
-    return tl.dot(keys.to(tl.bfloat16), queries_t)
+    `mma_operand`, keys from `load_key_tile` with the same OPERANDS."""
+    if OPERANDS == OPERANDS_FP32:
+        scores = tl.dot(keys, queries_t, input_precision="ieee")
+    else:
+        scores = tl.dot(keys.to(tl.bfloat16), queries_t)
+    return scores
+
+
+@triton.jit
+def weight_rescale(OPERANDS: tl.constexpr):
+    """The power of two that head weights take to undo the constant factor of a key-query
+    product under OPERANDS (see the module docstring)."""
+    if OPERANDS == OPERANDS_BF16X2:  # noqa: SIM108 (a constexpr branch: one side compiles)
+        factor = QUERY_FACTOR
+    else:
+        factor = KEY_QUERY_FACTOR
+    return factor
 
 
 @triton.jit
@@ -229,12 +371,18 @@ def seq_of_row(row, qsl_ptr, num_seqs):
 
 
 __all__ = [
+    "BF16_PAIR_MAGNITUDES",
+    "BF16_PAIR_SIGNS",
     "DEQUANT_EXPONENT_SHIFT",
+    "KEY_QUERY_FACTOR",
+    "QUERY_FACTOR",
     "SUPPORTED_HEAD_DIMS",
-    "WEIGHT_RESCALE",
+    "decode_key_tile",
+    "dequantize_keys_bf16x2",
     "dequantize_tile",
     "e8m0_factor",
-    "load_key_tile",
+    "key_tile_bytes",
+    "key_tile_bytes_mma",
     "load_query_tile",
     "max_propagate_nan",
     "mma_operand",
@@ -242,4 +390,5 @@ __all__ = [
     "seq_of_row",
     "tile_scores",
     "tile_split",
+    "weight_rescale",
 ]

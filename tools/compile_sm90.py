@@ -1,0 +1,178 @@
+"""Compile the logits kernels for sm_90 on a machine without a GPU and count their SASS.
+
+    python tools/compile_sm90.py [--case decode64 ...] [--out DIR] [--loop]
+
+Device time is scarce; instruction counts are not. This runs the real launchers
+(`graphidx.ops.kernels.logits.paged_mqa_logits`) on small CPU tensors shaped like the H200
+cases of tools/device_profile.py, with Triton's driver replaced by one that reports an sm_90
+target and launches nothing, so every kernel is compiled exactly as on the H200 (same
+constexprs, same argument specialization) by the local Triton and its bundled ptxas. For each
+compiled kernel it prints registers, shared memory and, for the hottest loop (the longest
+backward branch's body), the instruction count by opcode; `--out` keeps TTGIR, PTX and SASS.
+
+Use the Triton version the H200 has (3.6) for numbers that transfer: a venv with
+`pip install torch==2.13.0 numpy triton==3.6.0` works on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+from graphidx.bench import random_block_table, random_kv_cache, random_queries
+from graphidx.ops.kernels import logits as triton_logits
+from graphidx.ops.kernels.logits import LogitsConfig
+
+HEAD_DIM = 128
+CASES = {
+    # name: (heads, next_n, seqs or prefill rows, keys per seq, page_entries); next_n 0 = prefill
+    "decode64": (64, 2, 64, 16384, 64),
+    "decode32": (32, 2, 64, 65536, 128),
+    "prefill": (64, 0, 4096, 32768, 64),
+}
+SMALL_KEYS = 512  # the compiled code depends on shapes' strides and divisibility, not sizes
+
+
+class _Sm90Driver:
+    """Just enough of a Triton driver to compile for sm_90 and launch nothing."""
+
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+def _compile_only(self: JITFunction, *args: object, grid: object, warmup: bool, **kw: object):
+    return _ORIGINAL_RUN(self, *args, grid=grid, warmup=True, **kw)
+
+
+_ORIGINAL_RUN = JITFunction.run
+
+
+def compile_case(name: str, config: LogitsConfig | None = None) -> None:
+    """Run the case's launcher on CPU tensors: compiles (and caches) its kernels for sm_90."""
+    heads, next_n, count, keys, page_entries = CASES[name]
+    prefill = next_n == 0
+    keys = max(SMALL_KEYS, page_entries)
+    rows = 64 if prefill else count * next_n
+    contexts = [keys] if prefill else [keys] * count
+    device = torch.device("cpu")
+    table, pages = random_block_table(contexts, page_entries, device)
+    kv = random_kv_cache(pages, heads, HEAD_DIM, page_entries, device)
+    q, q_scale, weights = random_queries(rows, heads, HEAD_DIM, device)
+    context_lens = torch.tensor(contexts, dtype=torch.int32)
+    row_ends = torch.full((rows,), keys, dtype=torch.int32)
+    out = torch.empty((rows, keys))
+    grouping = (
+        {"query_start_loc": torch.tensor([0, rows], dtype=torch.int32)}
+        if prefill
+        else {"next_n": next_n}
+    )
+    triton_logits.paged_mqa_logits(
+        q, q_scale, kv, weights, context_lens, table, row_ends, out,
+        page_entries=page_entries, config=config, **grouping,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _tool(name: str) -> str:
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def hottest_loop(sass: str) -> list[str]:
+    """Instructions of the longest loop body (a backward BRA's target .. the branch)."""
+    lines = sass.splitlines()
+    address = {}
+    for index, line in enumerate(lines):
+        found = re.match(r"\s*/\*([0-9a-f]{4,})\*/", line)
+        if found:
+            address[int(found.group(1), 16)] = index
+    best: tuple[int, int] = (0, 0)
+    for index, line in enumerate(lines):
+        found = re.search(r"/\*([0-9a-f]{4,})\*/.*\bBRA\b.*?0x([0-9a-f]+)", line)
+        if not found:
+            continue
+        here, target = int(found.group(1), 16), int(found.group(2), 16)
+        if target < here and target in address and index - address[target] > best[1] - best[0]:
+            best = (address[target], index + 1)
+    return lines[best[0] : best[1]]
+
+
+def opcode_counts(lines: list[str]) -> collections.Counter[str]:
+    counts: collections.Counter[str] = collections.Counter()
+    for line in lines:
+        found = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if found:
+            counts[found.group(1)] += 1
+    return counts
+
+
+def report(kernel: object, label: str, out_dir: Path | None) -> None:
+    asm = kernel.asm  # type: ignore[attr-defined]
+    meta = kernel.metadata  # type: ignore[attr-defined]
+    cubin = Path("/tmp") / f"graphidx_{label}.cubin"
+    cubin.write_bytes(asm["cubin"])
+    sass = subprocess.run(
+        [_tool("cuobjdump"), "--dump-sass", str(cubin)], capture_output=True, text=True
+    ).stdout
+    usage = subprocess.run(
+        [_tool("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True, text=True
+    ).stdout
+    registers = re.search(r"REG:(\d+)", usage)
+    loop = hottest_loop(sass)
+    counts = opcode_counts(loop)
+    print(
+        f"{label}: warps {meta.num_warps} stages {meta.num_stages} "
+        f"regs {registers.group(1) if registers else '?'} smem {meta.shared} B; "
+        f"hottest loop {sum(counts.values())} instructions per warp"
+    )
+    print("   " + ", ".join(f"{op} {n}" for op, n in counts.most_common(24)))
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            (out_dir / f"{label}.{ext}").write_text(asm[ext])
+        (out_dir / f"{label}.sass").write_text(sass)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", action="append", choices=sorted(CASES))
+    parser.add_argument("--out", type=Path, help="keep TTGIR/PTX/SASS here")
+    parser.add_argument(
+        "--config", help="block_n,block_r,num_warps,num_stages (else the default config)"
+    )
+    args = parser.parse_args()
+    print(f"triton {triton.__version__}, target sm_90")
+    driver.set_active(_Sm90Driver())  # type: ignore[arg-type]
+    JITFunction.run = _compile_only  # type: ignore[method-assign]
+    kernels = [triton_logits._logits_static_kernel, triton_logits._logits_scheduled_kernel]
+    for name in args.case or sorted(CASES):
+        for kernel in kernels:
+            kernel.device_caches.clear()
+        config = LogitsConfig(*map(int, args.config.split(","))) if args.config else None
+        compile_case(name, config)
+        for kernel in kernels:
+            for cache in kernel.device_caches.values():
+                for index, compiled in enumerate(cache[0].values()):
+                    report(compiled, f"{name}-{kernel.__name__}-{index}", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
