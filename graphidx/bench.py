@@ -444,6 +444,11 @@ def _sweep_point(label: str, build: Callable[[], CaseResult]) -> CaseResult:
         return CaseResult(label, "-", 0.0, 0.0, 0.0, 0.0, f"FAIL: {err!r}"[:200])
 
 
+def _config_label(point: tuple[object, ...]) -> str:
+    names = ("n", "r", "w", "s", "reg", "p/SM", "prefetch")
+    return " ".join(f"{name}{value}" for name, value in zip(names, point, strict=False))
+
+
 def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
     """Time the logits cases under small grids of tile configs (for tuning the defaults).
 
@@ -454,38 +459,39 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
     from graphidx.ops.kernels.logits import LogitsConfig
 
     results = []
-    decode_points = {
-        # heads: (block_n, block_r, num_warps, num_stages, max_registers)
-        64: [(64, 2, 4, 2, None), (64, 2, 4, 2, 168), (64, 2, 4, 3, None), (64, 2, 4, 3, 168),
-             (64, 2, 4, 1, None), (64, 2, 8, 2, None)],
-        32: [(64, 2, 4, 2, None), (64, 2, 4, 3, None), (128, 2, 4, 2, None),
-             (128, 2, 4, 2, 168), (128, 2, 4, 3, None), (64, 2, 4, 2, 128)],
+    decode_points: dict[int, list[tuple[Any, ...]]] = {
+        # heads: LogitsConfig fields (block_n, block_r, num_warps, num_stages, max_registers,
+        # programs_per_sm, prefetch)
+        64: [(64, 2, 4, 1, None), (64, 2, 4, 1, None, 2, True), (64, 2, 4, 2, None),
+             (64, 2, 4, 1, 128)],
+        32: [(64, 2, 4, 1, None), (64, 2, 4, 1, None, 2, True), (128, 2, 4, 1, None),
+             (64, 2, 4, 2, None)],
     }  # fmt: skip
     for heads, contexts, page_entries in ((64, [16384] * 64, 64), (32, [65536] * 64, 128)):
         for point in decode_points[heads]:
-            label = "sweep decode H{} n{} r{} w{} s{} reg{}".format(heads, *point)
+            label = f"sweep decode H{heads} {_config_label(point)}"
             build = functools.partial(
                 dense_decode_case, label, heads, 2, contexts, page_entries, ceilings, device,
                 config=LogitsConfig(*point),
             )  # fmt: skip
             results.append(_sweep_point(label, build))
-    prefill_points = (
-        (64, 4, 8, 2, None), (64, 2, 4, 2, None), (64, 2, 4, 2, 168), (64, 2, 4, 3, None),
-        (64, 1, 4, 2, None), (64, 4, 8, 3, None),
+    prefill_points: tuple[tuple[Any, ...], ...] = (
+        (64, 2, 4, 1, 168), (64, 2, 4, 1, None), (64, 2, 4, 1, 168, 2, True),
+        (64, 2, 4, 2, 168), (64, 4, 8, 2, None),
     )  # fmt: skip
     for point in prefill_points:
-        label = "sweep prefill n{} r{} w{} s{} reg{}".format(*point)
+        label = f"sweep prefill {_config_label(point)}"
         build = functools.partial(
             prefill_case, 64, 4096, 32768, ceilings, device, name=label,
             config=LogitsConfig(*point),
         )  # fmt: skip
         results.append(_sweep_point(label, build))
     skewed = [131072] + [1024] * 63
-    for programs in (2, 3, 4):
+    for programs in (2, 3):
         label = f"sweep decode skewed (schedule) H64 programs/SM {programs}"
         build = functools.partial(
             dense_decode_case, label, 64, 2, skewed, 64, ceilings, device, use_schedule=True,
-            config=LogitsConfig(64, 2, 4, 2, programs_per_sm=programs),
+            config=LogitsConfig(64, 2, 4, 1, programs_per_sm=programs),
         )  # fmt: skip
         results.append(_sweep_point(label, build))
     for block_n, num_warps, num_stages in ((64, 4, 1), (128, 4, 1), (128, 4, 2), (128, 8, 1)):

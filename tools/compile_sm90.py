@@ -155,7 +155,8 @@ def main() -> int:
     parser.add_argument("--case", action="append", choices=sorted(CASES))
     parser.add_argument("--out", type=Path, help="keep TTGIR/PTX/SASS here")
     parser.add_argument(
-        "--config", help="block_n,block_r,num_warps,num_stages (else the default config)"
+        "--config",
+        help="LogitsConfig fields in order, comma-separated ints or 'none' (else the default)",
     )
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target sm_90")
@@ -165,7 +166,10 @@ def main() -> int:
     for name in args.case or sorted(CASES):
         for kernel in kernels:
             kernel.device_caches.clear()
-        config = LogitsConfig(*map(int, args.config.split(","))) if args.config else None
+        config = None
+        if args.config:
+            fields = [None if f == "none" else int(f) for f in args.config.split(",")]
+            config = LogitsConfig(*fields)  # type: ignore[arg-type]
         compile_case(name, config)
         for kernel in kernels:
             for cache in kernel.device_caches.values():

@@ -23,6 +23,7 @@ import torch
 
 from graphidx.bench import random_block_table, random_kv_cache, random_queries
 from graphidx.ops.kernels import logits as triton_logits
+from graphidx.ops.kernels.logits import LogitsConfig
 
 HEAD_DIM = 128
 CASES = {
@@ -33,7 +34,7 @@ CASES = {
 }
 
 
-def run_case(name: str, device: torch.device) -> None:
+def run_case(name: str, device: torch.device, config: LogitsConfig | None = None) -> None:
     heads, next_n, count, keys, page_entries = CASES[name]
     prefill = next_n == 0
     contexts = [keys] if prefill else [keys] * count
@@ -56,7 +57,7 @@ def run_case(name: str, device: torch.device) -> None:
     for _ in range(2):
         triton_logits.paged_mqa_logits(
             q, q_scale, kv, weights, context_lens, table, row_ends, out,
-            page_entries=page_entries, **grouping,  # type: ignore[arg-type]
+            page_entries=page_entries, config=config, **grouping,  # type: ignore[arg-type]
         )  # fmt: skip
     torch.cuda.synchronize(device)
     print(f"{name}: ran", flush=True)
@@ -86,10 +87,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", choices=sorted(CASES))
     parser.add_argument("--out", help="folder for artifacts.tgz (needs TRITON_CACHE_DIR)")
+    parser.add_argument(
+        "--config", help="LogitsConfig fields in order, comma-separated ints or 'none'"
+    )
     args = parser.parse_args()
     device = torch.device("cuda")
+    config = None
+    if args.config:
+        fields = [None if f == "none" else int(f) for f in args.config.split(",")]
+        config = LogitsConfig(*fields)  # type: ignore[arg-type]
     for name in args.case or sorted(CASES):
-        run_case(name, device)
+        run_case(name, device, config)
     if args.out:
         cache = os.environ.get("TRITON_CACHE_DIR")
         if not cache:

@@ -99,6 +99,11 @@ class LogitsConfig:
     num_stages: int
     max_registers: int | None = None
     programs_per_sm: int = 2
+    prefetch: bool = False
+    """Load the next tile's bytes into registers while the current tile is processed (meant
+    for num_stages 1, where Triton does not pipeline the loads itself). Needs tiles within
+    one page (page_entries % block_n == 0): a partial last tile then reads its page's
+    remaining slots, which are allocated, and never writes them out."""
     """Persistent programs per multiprocessor of the scheduled decode grid."""
 
 
@@ -173,6 +178,7 @@ def _score_group(
     C: tl.constexpr,
     OPERANDS: tl.constexpr,
     MMA_ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Score keys [key_start, key_stop) of row group `group` (see the module docstring)."""
     if GROUPING == 1:
@@ -236,20 +242,41 @@ def _score_group(
             bs_row_stride,
         )
         fetch_args = (kv_ptr, block_row, page_stride)
-        for tile_start in range(key_start, full_stop, BLOCK_N):
+        if PREFETCH:
+            # One tile ahead in registers: the next tile's loads are in flight while this one
+            # decodes and multiplies. Fetches are unmasked (cheaper) and never start past the
+            # last tile holding a live key: a partial tile reads the rest of its page (never
+            # written out), the fetch after the last tile repeats it.
+            last_start = key_start + (key_stop - 1 - key_start) // BLOCK_N * BLOCK_N
             values, scales = _fetch_tile(
-                tile_start, key_stop, *fetch_args,
+                key_start, key_stop, *fetch_args,
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
             )  # fmt: skip
-            _score_tile(
-                tile_start, decode_key_tile(values, scales, OPERANDS), *tile_args,
-                HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
-            )  # fmt: skip
-        if full_stop < key_stop:
+            for tile_start in range(key_start, full_stop, BLOCK_N):
+                next_values, next_scales = _fetch_tile(
+                    tl.minimum(tile_start + BLOCK_N, last_start), key_stop, *fetch_args,
+                    D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
+                )  # fmt: skip
+                _score_tile(
+                    tile_start, decode_key_tile(values, scales, OPERANDS), *tile_args,
+                    HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
+                )  # fmt: skip
+                values, scales = next_values, next_scales
+        else:
+            for tile_start in range(key_start, full_stop, BLOCK_N):
+                values, scales = _fetch_tile(
+                    tile_start, key_stop, *fetch_args,
+                    D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
+                )  # fmt: skip
+                _score_tile(
+                    tile_start, decode_key_tile(values, scales, OPERANDS), *tile_args,
+                    HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
+                )  # fmt: skip
             values, scales = _fetch_tile(
                 full_stop, key_stop, *fetch_args,
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, True,
             )  # fmt: skip
+        if full_stop < key_stop:
             _score_tile(
                 full_stop, decode_key_tile(values, scales, OPERANDS), *tile_args,
                 HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
@@ -275,15 +302,19 @@ def _fetch_tile(
 ):
     """Raw bytes of keys [tile_start, tile_start + BLOCK_N) of one seq (see `key_tile_bytes`).
 
-    tile_start is a multiple of BLOCK_N. MASKED reads only keys below key_stop; unmasked
-    reads the whole tile. MMA_ROWS (4 warps, BLOCK_N a multiple of 64 dividing E) loads in
-    the tensor-core operand's thread layout (`key_tile_bytes_mma`).
+    tile_start is a multiple of BLOCK_N. MASKED reads only keys below key_stop (a tile wholly
+    past it reads nothing, not even its block-table entry); unmasked reads the whole tile.
+    MMA_ROWS (4 warps, BLOCK_N a multiple of 64 dividing E) loads in the tensor-core
+    operand's thread layout (`key_tile_bytes_mma`).
     """
     key = tile_start + tl.arange(0, BLOCK_N)
     live = key < key_stop
     if E % BLOCK_N == 0:
         # The tile lies in one page: one block-table read, one 64-bit page address.
-        page = tl.load(block_row + tile_start // E)
+        if MASKED:
+            page = tl.load(block_row + tile_start // E, mask=tile_start < key_stop, other=0)
+        else:
+            page = tl.load(block_row + tile_start // E)
         page_ptr = kv_ptr + page.to(tl.int64) * page_stride
         if MMA_ROWS:
             values, scales = key_tile_bytes_mma(
@@ -385,6 +416,7 @@ def _logits_static_kernel(
     C: tl.constexpr,
     OPERANDS: tl.constexpr,
     MMA_ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
     """Grid (groups, key splits): program (g, i) scores keys [i * SPLIT, (i + 1) * SPLIT)."""
@@ -431,6 +463,7 @@ def _logits_static_kernel(
         C,
         OPERANDS,
         MMA_ROWS,
+        PREFETCH,
     )
 
 
@@ -474,6 +507,7 @@ def _logits_scheduled_kernel(
     C: tl.constexpr,
     OPERANDS: tl.constexpr,
     MMA_ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,
     SPLIT: tl.constexpr,
     HEADER: tl.constexpr,
     ITEM: tl.constexpr,
@@ -543,6 +577,7 @@ def _logits_scheduled_kernel(
                 C,
                 OPERANDS,
                 MMA_ROWS,
+                PREFETCH,
             )
 
 
@@ -653,6 +688,11 @@ def paged_mqa_logits(
         raise ValueError(f"config.block_r must be a power of two, got {cfg.block_r}")
     if block_scores is not None:
         _check_block_size(candidate_block_size, cfg.block_n)
+    if cfg.prefetch and layout.page_entries % cfg.block_n:
+        raise ValueError(
+            f"config.prefetch needs block_n ({cfg.block_n}) to divide page_entries "
+            f"({layout.page_entries})"
+        )
     if rows == 0:
         return
 
@@ -675,6 +715,7 @@ def paged_mqa_logits(
         MMA_ROWS=cfg.num_warps == 4
         and cfg.block_n % 64 == 0
         and layout.page_entries % cfg.block_n == 0,
+        PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({} if cfg.max_registers is None else {"maxnreg": cfg.max_registers}),
