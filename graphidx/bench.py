@@ -390,8 +390,9 @@ TOPK_SPLITS = (1, 2, 4, 8, 16)
 def topk_cases(
     rows: int, width: int, k: int, ceilings: Ceilings, device: torch.device
 ) -> list[CaseResult]:
-    """`top-k {k}` (default config, through the op), `top-k {k} P={p}` for each other
-    programs_per_row in TOPK_SPLITS (the default config with that P), `torch.topk {k}`."""
+    """Rows: `top-k {k}` (the default config, through the op); `top-k {k} P={p}` for each
+    other P in TOPK_SPLITS (`split_config(k, P)`); `top-k {k} P={default P} warps={w}` (the
+    default config with the other of 4 and 8 warps); `torch.topk {k}`."""
     from graphidx.ops import topk_per_row
     from graphidx.ops.kernels import topk as triton_topk
 
@@ -427,17 +428,21 @@ def topk_cases(
     for split in TOPK_SPLITS:
         if split == default.programs_per_row:
             continue
-        config = replace(
-            default,
-            programs_per_row=split,
-            groups=max(default.groups, split * triton_topk.MIN_SLICE_GROUPS),
-        )
+        config = triton_topk.split_config(k, split)
         label = f"top-k {k} P={split}"
 
         def run(out: torch.Tensor, config: Any = config) -> None:
             triton_topk.topk_per_row(logits, lengths, k, out, config=config)
 
         results.append(_sweep_point(label, functools.partial(case, label, run, config)))
+    warps = 12 - default.num_warps  # the other of 4 and 8, at the default P
+    config = replace(default, num_warps=warps, chunk=1024 * warps)
+    label = f"top-k {k} P={default.programs_per_row} warps={warps}"
+
+    def run_warps(out: torch.Tensor) -> None:
+        triton_topk.topk_per_row(logits, lengths, k, out, config=config)
+
+    results.append(_sweep_point(label, functools.partial(case, label, run_warps, config)))
     results.append(
         CaseResult(
             f"torch.topk {k}", shape, torch_us, bytes_moved, 0.0,

@@ -30,6 +30,7 @@ from graphidx.ops.kernels.topk import (  # noqa: E402
     TopkConfig,
     check_config,
     default_config,
+    split_config,
     topk_per_row,
 )
 from graphidx.ops.topk import topk_per_row_reference  # noqa: E402
@@ -207,6 +208,9 @@ def test_default_config_choice() -> None:
         config = default_config(k, rows, width)
         check_config(config, k)
         assert config.groups // config.programs_per_row >= topk_kernels.MIN_SLICE_GROUPS
+        assert config == split_config(k, config.programs_per_row)
+    assert split_config(512, 1).num_warps == 4  # the one-program path keeps small k light
+    assert split_config(512, 16).groups == 2048
 
 
 def test_bad_config_raises_before_any_launch() -> None:
@@ -223,3 +227,13 @@ def test_bad_config_raises_before_any_launch() -> None:
         with pytest.raises(ValueError, match=field):
             topk_per_row(logits, lengths, 8, out, config=config)
     assert bool((out == SENTINEL).all())
+
+
+@pytest.mark.parametrize("split", [0, 1, 8])
+def test_long_rows_default_sizes(gen: torch.Generator, split: int) -> None:
+    # Real sizes (2048 groups, 8192-column steps): the unmasked steps and the wide tiles run.
+    logits = torch.randn(3, 70000, generator=gen)
+    lengths = torch.tensor([70000, 68766, 33333], dtype=torch.int32)
+    config = split_config(512, split) if split else default_config(512, 3, 70000)
+    assert config.programs_per_row == (split or 16)
+    run(logits, lengths, 512, config)

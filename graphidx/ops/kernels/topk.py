@@ -19,7 +19,7 @@ groups and is spread over all P programs.
 2. *Collect.* Each program streams its piece again: columns with key > floor go to the row's
    candidate buffer (up to CAP = 2 * K_PAD entries; tiles of 4 adjacent columns, one vector
    load per thread, a tile with matches takes its slots with one relaxed atomic), columns
-   equal to the floor to a tie buffer (up to K_PAD; one atomic per chunk that has any).
+   equal to the floor to a tie buffer (up to K_PAD; one atomic per step that has any).
 3. *Select*, one program per row.
    - at most k candidates: the floor *is* the k-th largest key when the row has k finite
      values; write every candidate, then tied columns up to k, then -1 padding;
@@ -27,7 +27,8 @@ groups and is spread over all P programs.
      above it plus enough equal ones;
    - more than CAP (adversarial rows, e.g. the top keys crowded into few groups): the same
      search over the whole row, 16 counting passes. Slow, never wrong.
-Exactly min(k, #finite values) distinct columns are written, then -1 padding.
+Exactly min(k, #finite values) distinct columns are written, then -1 padding. (NaN input is
+undefined by the contract; here a NaN ranks by its bits: +NaN above +inf, -NaN like -inf.)
 
 Every search resolves 2 bits per CTA-wide count (three trial thresholds counted in one
 packed int64 sum) and stops early once exactly k keys are at or above the threshold.
@@ -38,16 +39,19 @@ scratch and the last program of a row to arrive (acq_rel counter) computes the r
 `_split_collect_kernel` (rows x P) collects, and the last program of the row to arrive
 selects. Counters are zeroed by one memset before those two launches.
 
-Cost in reads of the row (its length, not its width): two streaming passes (floor, collect)
-plus the candidates' keys (~1.15k-2k gathered values). With P > 1 the second pass follows the
-first within microseconds, so on a device whose L2 holds the batch (a 33.5 MB batch on an
-H200) it is served mostly from L2: about one DRAM read. The group maxima make 2 * GROUPS * 4
-bytes of extra L2 traffic per row (64 KB at GROUPS = 8192). Scratch is allocated per call
-(rows x (CAP + K_PAD [+ GROUPS when P > 1]) int32, in row batches of at most SCRATCH_BYTES).
+Cost in reads of the row (its length, not its width): two streaming passes (floor, collect),
+plus the candidates (~1.15k-2.3k indices written and read, their keys gathered) and, when
+P > 1, the group maxima (GROUPS * 4 bytes written, read once by the last arriver: 1/4 of a
+65536-column row at GROUPS = 8192, 1/16 at 2048): about 2.3 reads in all. The second pass
+runs right after the first, so when the batch fits in L2 (128 x 65536 float32 = 33.5 MB,
+against the H200's 50 MB) it should come mostly from L2, leaving about one DRAM read; that
+is expected, not measured. Scratch is allocated per call (rows x (CAP + K_PAD [+ GROUPS when
+P > 1]) int32, in row batches of at most SCRATCH_BYTES).
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 512,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 512 rows or
 rows narrower than 8192 columns, P > 1 for fewer, wider rows (128 x 65536 -> P = 4).
+The P = 1 kernel is the one-launch design for many rows; no shape is routed to both.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ FLOOR_BITS = tl.constexpr(12)
 COUNT_BITS = tl.constexpr(21)
 """Width of one packed count: a tensor has at most 2**20 elements, so counts fit."""
 COUNT_FIELD = tl.constexpr((1 << 21) - 1)
-SECOND_COUNT_AT = tl.constexpr(2 * 21)
+THIRD_COUNT_AT = tl.constexpr(2 * 21)
 
 # Per-row counters (int32 slots of the counters tensor).
 ABOVE = tl.constexpr(0)  # candidates with key > floor
@@ -111,10 +115,8 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
     """The config for `rows` rows of `width` columns and this k, from the shapes alone.
 
     P doubles from 1 while rows * P < TARGET_PROGRAMS, width >= 2P * MIN_SLICE_COLUMNS and
-    P < MAX_PROGRAMS_PER_ROW. GROUPS = max(4 * K_PAD, 1024, P * MIN_SLICE_GROUPS) capped at
-    16384; CAP = 2 * K_PAD; 8 warps from 4096 groups on, else 4; chunk = 1024 * warps.
+    P < MAX_PROGRAMS_PER_ROW; the sizes are then `split_config(k, P)`.
     """
-    k_pad = next_power_of_2(k)
     split = 1
     while (
         rows * split < TARGET_PROGRAMS
@@ -122,13 +124,24 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
         and width >= 2 * split * MIN_SLICE_COLUMNS
     ):
         split *= 2
-    groups = min(max(4 * k_pad, MIN_GROUPS, split * MIN_SLICE_GROUPS), MAX_GROUPS)
-    num_warps = 8 if groups >= 4096 else 4
+    return split_config(k, split)
+
+
+def split_config(k: int, programs_per_row: int) -> TopkConfig:
+    """The sizes for this k at P = programs_per_row (a power of two <= MAX_PROGRAMS_PER_ROW).
+
+    GROUPS = max(4 * K_PAD, 1024, P * MIN_SLICE_GROUPS) capped at 16384; CAP = 2 * K_PAD;
+    8 warps when P > 1 or from 4096 groups on, else 4; chunk = 1024 * warps (32 columns per
+    thread and step).
+    """
+    k_pad = next_power_of_2(k)
+    groups = min(max(4 * k_pad, MIN_GROUPS, programs_per_row * MIN_SLICE_GROUPS), MAX_GROUPS)
+    num_warps = 8 if programs_per_row > 1 or groups >= 4096 else 4
     return TopkConfig(
         groups=groups,
         capacity=2 * k_pad,
         num_warps=num_warps,
-        programs_per_row=split,
+        programs_per_row=programs_per_row,
         chunk=1024 * num_warps,
     )
 
@@ -159,12 +172,12 @@ def _count_at_least(keys, threshold, shift):
     trial = threshold | (tl.full([], 2, tl.uint32) << shift)
     packed += (keys >= trial).to(tl.int64) << COUNT_BITS
     trial = threshold | (tl.full([], 3, tl.uint32) << shift)
-    packed += (keys >= trial).to(tl.int64) << SECOND_COUNT_AT
+    packed += (keys >= trial).to(tl.int64) << THIRD_COUNT_AT
     total = tl.sum(packed, axis=0)
     return (
         (total & COUNT_FIELD).to(tl.int32),
         ((total >> COUNT_BITS) & COUNT_FIELD).to(tl.int32),
-        (total >> SECOND_COUNT_AT).to(tl.int32),
+        (total >> THIRD_COUNT_AT).to(tl.int32),
     )
 
 
@@ -593,4 +606,4 @@ def topk_per_row(
         )  # fmt: skip
 
 
-__all__ = ["TopkConfig", "check_config", "default_config", "topk_per_row"]
+__all__ = ["TopkConfig", "check_config", "default_config", "split_config", "topk_per_row"]
