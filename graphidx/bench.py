@@ -385,6 +385,8 @@ def gather_case(
 
 TOPK_SPLITS = (1, 2, 4, 8, 16)
 """Programs per row the top-k case also times besides the default config's."""
+TOPK_MAX_REGISTERS = 80
+"""The register cap the top-k case also times (3 programs of 8 warps per multiprocessor)."""
 
 
 def topk_cases(
@@ -392,7 +394,8 @@ def topk_cases(
 ) -> list[CaseResult]:
     """Rows: `top-k {k}` (the default config, through the op); `top-k {k} P={p}` for each
     other P in TOPK_SPLITS (`split_config(k, P)`); `top-k {k} P={default P} warps={w}` (the
-    default config with the other of 4 and 8 warps); `torch.topk {k}`."""
+    default config with the other of 4 and 8 warps) and `... maxnreg=80` (with the register
+    cap TOPK_MAX_REGISTERS); `torch.topk {k}`."""
     from graphidx.ops import topk_per_row
     from graphidx.ops.kernels import topk as triton_topk
 
@@ -418,7 +421,8 @@ def topk_cases(
             {"vs_torch_topk": round(torch_us / elapsed, 2),
              "x_one_read": round(elapsed / read_us, 2),
              "config": f"P={config.programs_per_row} groups={config.groups} "
-                       f"cap={config.capacity} warps={config.num_warps} chunk={config.chunk}"},
+                       f"cap={config.capacity} warps={config.num_warps} chunk={config.chunk} "
+                       f"maxnreg={config.max_registers}"},
         )  # fmt: skip
 
     results = [
@@ -436,13 +440,17 @@ def topk_cases(
 
         results.append(_sweep_point(label, functools.partial(case, label, run, config)))
     warps = 12 - default.num_warps  # the other of 4 and 8, at the default P
-    config = replace(default, num_warps=warps, chunk=1024 * warps)
-    label = f"top-k {k} P={default.programs_per_row} warps={warps}"
+    variants = {
+        f"warps={warps}": replace(default, num_warps=warps, chunk=512 * warps),
+        f"maxnreg={TOPK_MAX_REGISTERS}": replace(default, max_registers=TOPK_MAX_REGISTERS),
+    }
+    for suffix, config in variants.items():
+        label = f"top-k {k} P={default.programs_per_row} {suffix}"
 
-    def run_warps(out: torch.Tensor) -> None:
-        triton_topk.topk_per_row(logits, lengths, k, out, config=config)
+        def run_variant(out: torch.Tensor, config: Any = config) -> None:
+            triton_topk.topk_per_row(logits, lengths, k, out, config=config)
 
-    results.append(_sweep_point(label, functools.partial(case, label, run_warps, config)))
+        results.append(_sweep_point(label, functools.partial(case, label, run_variant, config)))
     results.append(
         CaseResult(
             f"torch.topk {k}", shape, torch_us, bytes_moved, 0.0,

@@ -182,7 +182,7 @@ def test_strided_rows_and_several_scratch_batches(
     row_bytes = 4 * (config.capacity + 16 + config.groups)
     monkeypatch.setattr(topk_kernels, "SCRATCH_BYTES", 3 * row_bytes)  # batches of 3 rows
     run(logits, lengths, 9, config)
-    run(logits, lengths, 9, dataclasses.replace(config, programs_per_row=1))
+    run(logits, lengths, 9, dataclasses.replace(config, programs_per_row=1, max_registers=64))
 
 
 def test_default_config_path_and_sizes(gen: torch.Generator) -> None:
@@ -222,6 +222,7 @@ def test_bad_config_raises_before_any_launch() -> None:
         (dataclasses.replace(small_config(8, 2), programs_per_row=3), "programs_per_row"),
         (dataclasses.replace(small_config(8, 2), programs_per_row=16), "programs_per_row"),
         (dataclasses.replace(small_config(8, 2), chunk=0), "chunk"),
+        (dataclasses.replace(small_config(8, 2), max_registers=8), "max_registers"),
     ]
     for config, field in bad:
         with pytest.raises(ValueError, match=field):

@@ -34,9 +34,10 @@ Every search resolves 2 bits per CTA-wide count (three trial thresholds counted 
 packed int64 sum) and stops early once exactly k keys are at or above the threshold.
 
 Launches. P = 1 (`_topk_row_kernel`): one program per row runs the three phases in one
-launch. P > 1: `_split_floor_kernel` (grid rows x P) writes each program's group maxima to
+launch. P > 1: `_split_floor_kernel` (grid P x rows: a row's programs are dispatched
+together, so its tail overlaps the next rows' streaming) writes each program's group maxima to
 scratch and the last program of a row to arrive (acq_rel counter) computes the row's floor;
-`_split_collect_kernel` (rows x P) collects, and the last program of the row to arrive
+`_split_collect_kernel` (P x rows) collects, and the last program of the row to arrive
 selects. Counters are zeroed by one memset before those two launches.
 
 Cost in reads of the row (its length, not its width): two streaming passes (floor, collect),
@@ -51,7 +52,7 @@ P > 1]) int32, in row batches of at most SCRATCH_BYTES).
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 512,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 512 rows or
 rows narrower than 8192 columns, P > 1 for fewer, wider rows (128 x 65536 -> P = 4).
-The P = 1 kernel is the one-launch design for many rows; no shape is routed to both.
+The P = 1 kernel is the one-launch design, kept for many rows and narrow rows.
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ FLOOR_KEY = tl.constexpr(3)  # the row's floor key, bitcast to int32 (P > 1)
 COLLECT_ARRIVALS = tl.constexpr(4)  # programs done with the collect phase (P > 1)
 COUNTER_SLOTS = tl.constexpr(8)
 
+FALLBACK_STEP = tl.constexpr(1024)
+"""Columns per step of the whole-row fallback: small, so the rare path does not raise the
+register count (and cut the occupancy) of the kernel that holds it."""
+
 SCRATCH_BYTES = 64 << 20
 MIN_GROUPS = 1024
 MAX_GROUPS = 16384
@@ -101,14 +106,17 @@ class TopkConfig:
 
     groups: interleaved groups per row (the floor phase); capacity: candidate buffer entries
     per row (>= next_power_of_2(k)); num_warps: warps per program; programs_per_row: P,
-    programs splitting each row (groups // P >= 4); chunk: columns a program loads per step.
+    programs splitting each row (groups // P >= 4); chunk: columns a program loads per step
+    (raised to groups // P when smaller); max_registers: Triton's `maxnreg` for every launch
+    (None: the compiler's choice), a tuning hook for occupancy.
     """
 
     groups: int
     capacity: int
     num_warps: int
     programs_per_row: int = 1
-    chunk: int = 4096
+    chunk: int = 2048
+    max_registers: int | None = None
 
 
 def default_config(k: int, rows: int, width: int) -> TopkConfig:
@@ -131,8 +139,9 @@ def split_config(k: int, programs_per_row: int) -> TopkConfig:
     """The sizes for this k at P = programs_per_row (a power of two <= MAX_PROGRAMS_PER_ROW).
 
     GROUPS = max(4 * K_PAD, 1024, P * MIN_SLICE_GROUPS) capped at 16384; CAP = 2 * K_PAD;
-    8 warps when P > 1 or from 4096 groups on, else 4; chunk = 1024 * warps (32 columns per
-    thread and step).
+    8 warps when P > 1 or from 4096 groups on, else 4; chunk = 512 * warps (16 columns per
+    thread and step: the collect step holds ~75 registers per thread at that size, ~120 at
+    twice it, per ptxas for sm_90).
     """
     k_pad = next_power_of_2(k)
     groups = min(max(4 * k_pad, MIN_GROUPS, programs_per_row * MIN_SLICE_GROUPS), MAX_GROUPS)
@@ -142,7 +151,7 @@ def split_config(k: int, programs_per_row: int) -> TopkConfig:
         capacity=2 * k_pad,
         num_warps=num_warps,
         programs_per_row=programs_per_row,
-        chunk=1024 * num_warps,
+        chunk=512 * num_warps,
     )
 
 
@@ -400,7 +409,6 @@ def _select(
     k,
     K_PAD: tl.constexpr,
     CAP: tl.constexpr,
-    STEP: tl.constexpr,
 ):
     """Write the row's k columns (phase 3) once every program's collect step is visible.
     Buffers written by other programs are read through L2 (`.cg`, and atomics for counts)."""
@@ -422,7 +430,7 @@ def _select(
         key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
         _emit_selection(key, col, _kth_largest_key(key, k, 32), k, dst)
     else:
-        _select_from_row(src, n, k, dst, STEP)
+        _select_from_row(src, n, k, dst, FALLBACK_STEP)
 
 
 @triton.jit(do_not_specialize=["lengths_ptr", "width"])
@@ -457,7 +465,7 @@ def _topk_row_kernel(
     # the counts through L2.
     tl.debug_barrier()
     _select(src, n, out_ptr + row * out_row_stride, candidates, ties, counters, k,
-            K_PAD, CAP, BLOCKS * GROUPS)  # fmt: skip
+            K_PAD, CAP)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["lengths_ptr", "width"])
@@ -476,10 +484,10 @@ def _split_floor_kernel(
     ROW_INTS: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
-    """P > 1, grid (rows, P): program s writes the maxima of groups [s * GS, (s + 1) * GS);
+    """P > 1, grid (P, rows): program s writes the maxima of groups [s * GS, (s + 1) * GS);
     the row's last program to arrive turns all GROUPS maxima into the row's floor."""
-    row = tl.program_id(0).to(tl.int64)
-    piece = tl.program_id(1) * GS
+    piece = tl.program_id(0) * GS
+    row = tl.program_id(1).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
     maxima = scratch_ptr + row * ROW_INTS + MAXIMA_AT
     counters = counters_ptr + row * COUNTER_SLOTS
@@ -512,10 +520,10 @@ def _split_collect_kernel(
     ROW_INTS: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
-    """P > 1, grid (rows, P): program s collects its groups' columns above the row's floor;
+    """P > 1, grid (P, rows): program s collects its groups' columns above the row's floor;
     the row's last program to arrive selects."""
-    row = tl.program_id(0).to(tl.int64)
-    piece = tl.program_id(1) * GS
+    piece = tl.program_id(0) * GS
+    row = tl.program_id(1).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
     src = logits_ptr + row * row_stride
     candidates = scratch_ptr + row * ROW_INTS
@@ -526,7 +534,7 @@ def _split_collect_kernel(
     tl.debug_barrier()
     if tl.atomic_add(counters + COLLECT_ARRIVALS, 1, sem="acq_rel") == SPLIT - 1:
         _select(src, n, out_ptr + row * out_row_stride, candidates, ties, counters, k,
-                K_PAD, CAP, BLOCKS * GS)  # fmt: skip
+                K_PAD, CAP)  # fmt: skip
 
 
 def _is_power_of_2(value: int) -> bool:
@@ -539,6 +547,9 @@ def check_config(config: TopkConfig, k: int) -> None:
         value = getattr(config, name)
         if not isinstance(value, int) or not _is_power_of_2(value):
             raise ValueError(f"config.{name} must be a power of two, got {value!r}")
+    registers = config.max_registers
+    if registers is not None and (not isinstance(registers, int) or not 24 <= registers <= 255):
+        raise ValueError(f"config.max_registers must be None or in [24, 255], got {registers!r}")
     k_pad = next_power_of_2(k)
     if config.capacity < k_pad:
         raise ValueError(f"config.capacity {config.capacity} < next_power_of_2(k) {k_pad}")
@@ -575,11 +586,15 @@ def topk_per_row(
     blocks = max(1, cfg.chunk // slice_groups)
     maxima_at = cfg.capacity + k_pad
     row_ints = maxima_at + (cfg.groups if split > 1 else 0)
-    batch = max(1, SCRATCH_BYTES // (4 * row_ints))
+    # Rows are the grid's second axis when split (at most 65535 programs there).
+    batch = min(max(1, SCRATCH_BYTES // (4 * row_ints)), 65535)
     size = min(rows, batch)
     scratch = torch.empty((size, row_ints), dtype=torch.int32, device=logits.device)
     make_counters = torch.zeros if split > 1 else torch.empty
     counters = make_counters((size, COUNTER_SLOTS.value), dtype=torch.int32, device=logits.device)
+    launch: dict[str, int] = {"num_warps": cfg.num_warps}
+    if cfg.max_registers is not None:
+        launch["maxnreg"] = cfg.max_registers
     for first in range(0, rows, batch):
         last = min(first + batch, rows)
         if split == 1:
@@ -587,22 +602,22 @@ def topk_per_row(
                 logits[first:last], lengths[first:last], out[first:last], scratch, counters,
                 logits.stride(0), out.stride(0), width, k,
                 K_PAD=k_pad, CAP=cfg.capacity, GROUPS=cfg.groups, BLOCKS=blocks,
-                ROW_INTS=row_ints, num_warps=cfg.num_warps,
+                ROW_INTS=row_ints, **launch,
             )  # fmt: skip
             continue
         if first > 0:
             counters.zero_()
-        _split_floor_kernel[(last - first, split)](
+        _split_floor_kernel[(split, last - first)](
             logits[first:last], lengths[first:last], scratch, counters,
             logits.stride(0), width, k,
             GROUPS=cfg.groups, GS=slice_groups, BLOCKS=blocks, MAXIMA_AT=maxima_at,
-            ROW_INTS=row_ints, SPLIT=split, num_warps=cfg.num_warps,
+            ROW_INTS=row_ints, SPLIT=split, **launch,
         )  # fmt: skip
-        _split_collect_kernel[(last - first, split)](
+        _split_collect_kernel[(split, last - first)](
             logits[first:last], lengths[first:last], out[first:last], scratch, counters,
             logits.stride(0), out.stride(0), width, k,
             K_PAD=k_pad, CAP=cfg.capacity, GROUPS=cfg.groups, GS=slice_groups, BLOCKS=blocks,
-            ROW_INTS=row_ints, SPLIT=split, num_warps=cfg.num_warps,
+            ROW_INTS=row_ints, SPLIT=split, **launch,
         )  # fmt: skip
 
 
