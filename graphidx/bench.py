@@ -23,7 +23,7 @@ import json
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -382,41 +382,81 @@ def gather_case(
     )  # fmt: skip
 
 
+TOPK_SPLITS = (1, 2, 4, 8, 16)
+"""Programs per row the top-k case also times besides the default config's."""
+TOPK_MAX_REGISTERS = 80
+"""The register cap the top-k case also times (3 programs of 8 warps per multiprocessor)."""
+
+
 def topk_cases(
     rows: int, width: int, k: int, ceilings: Ceilings, device: torch.device
 ) -> list[CaseResult]:
+    """Rows: `top-k {k}` (the default config, through the op); `top-k {k} P={p}` for each
+    other P in TOPK_SPLITS (`split_config(k, P)`); `top-k {k} P={default P} warps={w}` (the
+    default config with the other of 4 and 8 warps) and `... maxnreg=80` (with the register
+    cap TOPK_MAX_REGISTERS); `torch.topk {k}`."""
     from graphidx.ops import topk_per_row
+    from graphidx.ops.kernels import topk as triton_topk
 
     logits = torch.randn(rows, width, device=device)
     lengths = torch.full((rows,), width, dtype=torch.int32, device=device)
-    out = torch.full((rows, k), -7, dtype=torch.int32, device=device)
-
-    def run() -> None:
-        topk_per_row(logits, lengths, k, out, backend="triton")
-
-    run()
-    _sync(device)
     want_values = torch.topk(logits, k, dim=1).values.sort(dim=1).values
-    got_values = logits.gather(1, out.clamp(min=0).long()).sort(dim=1).values
-    distinct = all(len(set(r)) == k for r in out[:8].tolist())
-    check = "OK" if torch.equal(got_values, want_values) and distinct else "FAIL: wrong picks"
-    elapsed = time_us(run)
-    torch_us = time_us(lambda: torch.topk(logits, k, dim=1))
     bytes_moved = float(rows * width * 4 + rows * k * 4)
     read_us = 1e6 * rows * width * 4 / ceilings.copy_bytes_per_s
     shape = f"{rows} rows x {width} cols, k {k}"
-    return [
-        CaseResult(
-            f"top-k {k}", shape, elapsed, bytes_moved, 0.0,
-            floor_us(bytes_moved, 0.0, ceilings), check,
+    torch_us = time_us(lambda: torch.topk(logits, k, dim=1))
+    default = triton_topk.default_config(k, rows, width)
+
+    def case(name: str, run: Callable[[torch.Tensor], None], config: Any) -> CaseResult:
+        out = torch.full((rows, k), -7, dtype=torch.int32, device=device)
+        run(out)
+        _sync(device)
+        got_values = logits.gather(1, out.clamp(min=0).long()).sort(dim=1).values
+        distinct = all(len(set(r)) == k for r in out[:8].tolist())
+        check = "OK" if torch.equal(got_values, want_values) and distinct else "FAIL: wrong picks"
+        elapsed = time_us(lambda: run(out))
+        return CaseResult(
+            name, shape, elapsed, bytes_moved, 0.0, floor_us(bytes_moved, 0.0, ceilings), check,
             {"vs_torch_topk": round(torch_us / elapsed, 2),
-             "x_one_read": round(elapsed / read_us, 2)},
-        ),
+             "x_one_read": round(elapsed / read_us, 2),
+             "config": f"P={config.programs_per_row} groups={config.groups} "
+                       f"cap={config.capacity} warps={config.num_warps} chunk={config.chunk} "
+                       f"maxnreg={config.max_registers}"},
+        )  # fmt: skip
+
+    results = [
+        case(f"top-k {k}", lambda out: topk_per_row(logits, lengths, k, out, backend="triton"),
+             default),
+    ]  # fmt: skip
+    for split in TOPK_SPLITS:
+        if split == default.programs_per_row:
+            continue
+        config = triton_topk.split_config(k, split)
+        label = f"top-k {k} P={split}"
+
+        def run(out: torch.Tensor, config: Any = config) -> None:
+            triton_topk.topk_per_row(logits, lengths, k, out, config=config)
+
+        results.append(_sweep_point(label, functools.partial(case, label, run, config)))
+    warps = 12 - default.num_warps  # the other of 4 and 8, at the default P
+    variants = {
+        f"warps={warps}": replace(default, num_warps=warps, chunk=512 * warps),
+        f"maxnreg={TOPK_MAX_REGISTERS}": replace(default, max_registers=TOPK_MAX_REGISTERS),
+    }
+    for suffix, config in variants.items():
+        label = f"top-k {k} P={default.programs_per_row} {suffix}"
+
+        def run_variant(out: torch.Tensor, config: Any = config) -> None:
+            triton_topk.topk_per_row(logits, lengths, k, out, config=config)
+
+        results.append(_sweep_point(label, functools.partial(case, label, run_variant, config)))
+    results.append(
         CaseResult(
             f"torch.topk {k}", shape, torch_us, bytes_moved, 0.0,
             floor_us(bytes_moved, 0.0, ceilings), "-",
-        ),
-    ]  # fmt: skip
+        )
+    )  # fmt: skip
+    return results
 
 
 def skewed_decode_cases(

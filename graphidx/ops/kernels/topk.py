@@ -4,32 +4,55 @@ Values are compared through the order-preserving uint32 image of float32 (`_orde
 flip the sign bit of non-negatives, invert negatives), so ties and signed zeros follow one
 total order. Keys of -inf (and anything below) are never picked.
 
-One program per row, in three phases, reading the row about twice:
+Each row is worked by P programs (`TopkConfig.programs_per_row`, a power of two chosen on the
+host from the shapes only, see `default_config`). The row's columns fall into GROUPS
+interleaved groups (column j is in group j % GROUPS); program s of the row owns groups
+[s * GS, (s + 1) * GS) with GS = GROUPS / P, i.e. the GS-column piece at offset s * GS of
+every GROUPS-column block of the row. A run of adjacent top keys therefore lands in distinct
+groups and is spread over all P programs.
 
-1. *Floor.* Split the row's columns into GROUPS interleaved groups (column j is in group
-   j % GROUPS) and keep each group's max key. Any k of those maxima are k distinct columns,
-   so the k-th largest group max is a lower bound (`floor`) of the row's k-th largest key.
-   With GROUPS >= 4k it is a tight one: on continuous data only ~1.15k columns lie above it.
-   The bound is found by a bitwise search over the maxima that starts below their common
-   prefix and stops after FLOOR_BITS bits (a lower bound is all it needs).
-2. *Collect.* Second pass: columns with key > floor go to a per-row candidate buffer (up to
-   CAP = 2 * K_PAD). Chunks are tiled as rows of 4 columns (one vector load per thread); a
-   row with matches takes its slots with one relaxed atomic and numbers them in registers.
-3. *Select.*
-   - at most k candidates: the floor *is* the k-th largest key; write every candidate and
-     fill with columns equal to the floor (collected by one more pass, only in this case),
-     then -1 padding when the row has fewer than k finite values;
-   - up to CAP candidates: find the exact k-th largest key among them (bitwise search over
-     the buffer, from below the candidates' common prefix) and write the keys above it plus
-     enough equal ones;
+1. *Floor.* Each program streams its piece and keeps each group's max key. Any k of the row's
+   GROUPS maxima are k distinct columns, so the k-th largest group max is a lower bound
+   (`floor`) of the row's k-th largest key; with GROUPS >= 4k only ~1.15k columns lie above
+   it on continuous data. The bound is found by a search over the maxima that starts below
+   their common prefix and stops after FLOOR_BITS bits (a lower bound is all it needs).
+2. *Collect.* Each program streams its piece again: columns with key > floor go to the row's
+   candidate buffer (up to CAP = 2 * K_PAD entries; tiles of 4 adjacent columns, one vector
+   load per thread, a tile with matches takes its slots with one relaxed atomic), columns
+   equal to the floor to a tie buffer (up to K_PAD; one atomic per step that has any).
+3. *Select*, one program per row.
+   - at most k candidates: the floor *is* the k-th largest key when the row has k finite
+     values; write every candidate, then tied columns up to k, then -1 padding;
+   - up to CAP candidates: find the exact k-th largest key among them and write the keys
+     above it plus enough equal ones;
    - more than CAP (adversarial rows, e.g. the top keys crowded into few groups): the same
-     search over the whole row, 32 counting passes. Slow, never wrong.
-Exactly min(k, #finite values) columns are written, then -1 padding.
+     search over the whole row, 16 counting passes. Slow, never wrong.
+Exactly min(k, #finite values) distinct columns are written, then -1 padding. (NaN input is
+undefined by the contract; here a NaN ranks by its bits: +NaN above +inf, -NaN like -inf.)
 
-Cost is proportional to the row's length, not its width. The buffers are scratch memory
-allocated per call (rows x (CAP + K_PAD + 2) int32, in row batches of at most
-SCRATCH_BYTES). Known weakness: one program per row, so a handful of very long rows
-(e.g. 8 rows x 1M) use only a few multiprocessors.
+Every search resolves 2 bits per CTA-wide count (three trial thresholds counted in one
+packed int64 sum) and stops early once exactly k keys are at or above the threshold.
+
+Launches. P = 1 (`_topk_row_kernel`): one program per row runs the three phases in one
+launch. P > 1: `_split_floor_kernel` (grid P x rows: a row's programs are dispatched
+together, so its tail overlaps the next rows' streaming) writes each program's group maxima to
+scratch and the last program of a row to arrive (acq_rel counter) computes the row's floor;
+`_split_collect_kernel` (P x rows) collects, and the last program of the row to arrive
+selects. Counters are zeroed by one memset before those two launches.
+
+Cost in reads of the row (its length, not its width): two streaming passes (floor, collect),
+plus the candidates (~1.15k-2.3k indices written and read, their keys gathered) and, when
+P > 1, the group maxima (GROUPS * 4 bytes written, read once by the last arriver: 1/4 of a
+65536-column row at GROUPS = 8192, 1/16 at 2048): about 2.3 reads in all. The second pass
+runs right after the first, so when the batch fits in L2 (128 x 65536 float32 = 33.5 MB,
+against the H200's 50 MB) it should come mostly from L2, leaving about one DRAM read; that
+is expected, not measured. Scratch is allocated per call (rows x (CAP + K_PAD [+ GROUPS when
+P > 1]) int32, in row batches of at most SCRATCH_BYTES).
+
+Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 512,
+each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 512 rows or
+rows narrower than 8192 columns, P > 1 for fewer, wider rows (128 x 65536 -> P = 4).
+The P = 1 kernel is the one-launch design, kept for many rows and narrow rows.
 """
 
 from __future__ import annotations
@@ -48,25 +71,88 @@ KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 FLOOR_BITS = tl.constexpr(12)
 """Bits the floor search resolves below the keys' common prefix: a lower bound is enough."""
 
+COUNT_BITS = tl.constexpr(21)
+"""Width of one packed count: a tensor has at most 2**20 elements, so counts fit."""
+COUNT_FIELD = tl.constexpr((1 << 21) - 1)
+THIRD_COUNT_AT = tl.constexpr(2 * 21)
+
+# Per-row counters (int32 slots of the counters tensor).
+ABOVE = tl.constexpr(0)  # candidates with key > floor
+TIED = tl.constexpr(1)  # columns with key == floor
+FLOOR_ARRIVALS = tl.constexpr(2)  # programs done with the floor phase (P > 1)
+FLOOR_KEY = tl.constexpr(3)  # the row's floor key, bitcast to int32 (P > 1)
+COLLECT_ARRIVALS = tl.constexpr(4)  # programs done with the collect phase (P > 1)
+COUNTER_SLOTS = tl.constexpr(8)
+
+FALLBACK_STEP = tl.constexpr(1024)
+"""Columns per step of the whole-row fallback: small, so the rare path does not raise the
+register count (and cut the occupancy) of the kernel that holds it."""
+
 SCRATCH_BYTES = 64 << 20
 MIN_GROUPS = 1024
 MAX_GROUPS = 16384
+TARGET_PROGRAMS = 512
+"""Programs per launch that default_config aims for: ~4 per multiprocessor of an H200."""
+MIN_SLICE_COLUMNS = 4096
+"""Columns of the width each program keeps at least (a shorter stream is all overhead)."""
+MIN_SLICE_GROUPS = 128
+"""Groups per program at least: 512-byte contiguous pieces per GROUPS-column block."""
+MAX_PROGRAMS_PER_ROW = MAX_GROUPS // MIN_SLICE_GROUPS
 
 
 @dataclass(frozen=True)
 class TopkConfig:
-    """Buffer and tile sizes of one top-k launch (powers of two, chosen from k)."""
+    """Sizes of one top-k call (every field a power of two).
+
+    groups: interleaved groups per row (the floor phase); capacity: candidate buffer entries
+    per row (>= next_power_of_2(k)); num_warps: warps per program; programs_per_row: P,
+    programs splitting each row (groups // P >= 4); chunk: columns a program loads per step
+    (raised to groups // P when smaller); max_registers: Triton's `maxnreg` for every launch
+    (None: the compiler's choice), a tuning hook for occupancy.
+    """
 
     groups: int
     capacity: int
     num_warps: int
+    programs_per_row: int = 1
+    chunk: int = 2048
+    max_registers: int | None = None
 
 
-def default_config(k: int) -> TopkConfig:
-    """GROUPS = 4 * K_PAD (>= 1024, <= 16384), CAP = 2 * K_PAD."""
+def default_config(k: int, rows: int, width: int) -> TopkConfig:
+    """The config for `rows` rows of `width` columns and this k, from the shapes alone.
+
+    P doubles from 1 while rows * P < TARGET_PROGRAMS, width >= 2P * MIN_SLICE_COLUMNS and
+    P < MAX_PROGRAMS_PER_ROW; the sizes are then `split_config(k, P)`.
+    """
+    split = 1
+    while (
+        rows * split < TARGET_PROGRAMS
+        and split < MAX_PROGRAMS_PER_ROW
+        and width >= 2 * split * MIN_SLICE_COLUMNS
+    ):
+        split *= 2
+    return split_config(k, split)
+
+
+def split_config(k: int, programs_per_row: int) -> TopkConfig:
+    """The sizes for this k at P = programs_per_row (a power of two <= MAX_PROGRAMS_PER_ROW).
+
+    GROUPS = max(4 * K_PAD, 1024, P * MIN_SLICE_GROUPS) capped at 16384; CAP = 2 * K_PAD;
+    8 warps when P > 1 or from 4096 groups on, else 4; chunk = 512 * warps (16 columns per
+    thread and step: the collect step holds ~75 registers per thread at that size, ~120 at
+    twice it, per ptxas for sm_90).
+    """
     k_pad = next_power_of_2(k)
-    groups = min(max(4 * k_pad, MIN_GROUPS), MAX_GROUPS)
-    return TopkConfig(groups=groups, capacity=2 * k_pad, num_warps=8 if groups >= 4096 else 4)
+    groups = min(max(4 * k_pad, MIN_GROUPS, programs_per_row * MIN_SLICE_GROUPS), MAX_GROUPS)
+    num_warps = 8 if programs_per_row > 1 or groups >= 4096 else 4
+    return TopkConfig(
+        groups=groups,
+        capacity=2 * k_pad,
+        num_warps=num_warps,
+        programs_per_row=programs_per_row,
+        chunk=512 * num_warps,
+    )
 
 
 @triton.jit
@@ -77,14 +163,53 @@ def _order_key(x):
 
 
 @triton.jit
-def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
-    """Largest t with count(keys >= t) >= k, keys uint32 (0 = never picked), assuming at
-    least k nonzero keys.
+def _load_keys(src, col, inside, MASKED: tl.constexpr):
+    """Keys of columns `col`; 0 (never picked) where not `inside` or at -inf. Unmasked
+    (vectorized) when the caller knows every column is inside."""
+    if MASKED:
+        key = _order_key(tl.load(src + col, mask=inside, other=float("-inf")))
+        return tl.where(inside & (key > KEY_NEG_INF), key, 0)
+    key = _order_key(tl.load(src + col))
+    return tl.where(key > KEY_NEG_INF, key, 0)
 
+
+@triton.jit
+def _count_at_least(keys, threshold, shift):
+    """count(keys >= threshold | d << shift) for d = 1, 2, 3, in one packed int64 sum."""
+    trial = threshold | (tl.full([], 1, tl.uint32) << shift)
+    packed = (keys >= trial).to(tl.int64)
+    trial = threshold | (tl.full([], 2, tl.uint32) << shift)
+    packed += (keys >= trial).to(tl.int64) << COUNT_BITS
+    trial = threshold | (tl.full([], 3, tl.uint32) << shift)
+    packed += (keys >= trial).to(tl.int64) << THIRD_COUNT_AT
+    total = tl.sum(packed, axis=0)
+    return (
+        (total & COUNT_FIELD).to(tl.int32),
+        ((total >> COUNT_BITS) & COUNT_FIELD).to(tl.int32),
+        (total >> THIRD_COUNT_AT).to(tl.int32),
+    )
+
+
+@triton.jit
+def _take_digit(threshold, count, c1, c2, c3, k, shift):
+    """Set the 2-bit digit at `shift`: the largest d with count(keys >= trial d) >= k (the
+    counts fall with d). `count` tracks count(keys >= threshold) once a trial passed."""
+    digit = (c1 >= k).to(tl.uint32) + (c2 >= k).to(tl.uint32) + (c3 >= k).to(tl.uint32)
+    threshold = threshold | (digit << shift)
+    count = tl.where(c3 >= k, c3, tl.where(c2 >= k, c2, tl.where(c1 >= k, c1, count)))
+    return threshold, count
+
+
+@triton.jit
+def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
+    """A threshold t with count(keys >= t) >= k and count(keys > t) <= k, keys uint32
+    (0 = never picked), assuming at least k nonzero keys.
+
+    Exact (t = the k-th largest key, or any t with exactly k keys >= t) when MAX_BITS >= 32;
+    with fewer bits, a lower bound of the k-th largest key with count(keys >= t) >= k only.
     Only the bits below the highest bit where the smallest and largest nonzero keys differ
-    vary, so the bitwise search starts there (one CTA-wide count per bit: the rounds are
-    what this costs). With MAX_BITS < 32 it stops after MAX_BITS bits and returns a lower
-    bound of the exact answer that still satisfies count(keys >= t) >= k.
+    vary, so the search starts there (rounded to an even bit count), 2 bits per CTA-wide
+    count, and stops early once exactly k keys are at or above the threshold.
     """
     largest = tl.max(keys, axis=0)
     smallest = tl.min(tl.where(keys > 0, keys, 0xFFFFFFFF), axis=0)
@@ -93,55 +218,134 @@ def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
     # bit at or above the highest differing one.
     top = (differ.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
     top = tl.minimum(tl.where(differ == 0, 0, top), 31)
-    below = (tl.full([], 2, tl.uint32) << top) - 1
+    span = (top + 2) // 2 * 2
+    below = (tl.full([], 2, tl.uint32) << (span - 1)) - 1
     threshold = largest & ~below
-    for step in range(tl.minimum(top + 1, MAX_BITS)):
-        trial = threshold | (tl.full([], 1, tl.uint32) << (top - step))
-        count = tl.sum((keys >= trial).to(tl.int32), axis=0)
-        threshold = tl.where(count >= k, trial, threshold)
+    count = tl.zeros([], tl.int32)  # 0: no trial passed yet (k >= 1, so never "exactly k")
+    shift = span - 2
+    last = tl.maximum(span - MAX_BITS, 0)
+    while (shift >= last) & (count != k):
+        c1, c2, c3 = _count_at_least(keys, threshold, shift)
+        threshold, count = _take_digit(threshold, count, c1, c2, c3, k, shift)
+        shift -= 2
     return threshold
 
 
 @triton.jit
-def _load_keys(src, col, n, MASKED: tl.constexpr):
-    """Keys of columns `col` of a row of length n; 0 (never picked) outside or at -inf.
-    Unmasked (vectorized) when the caller knows every column is inside."""
-    if MASKED:
-        inside = col < n
-        key = _order_key(tl.load(src + col, mask=inside, other=float("-inf")))
-        return tl.where(inside & (key > KEY_NEG_INF), key, 0)
-    key = _order_key(tl.load(src + col))
-    return tl.where(key > KEY_NEG_INF, key, 0)
+def _row_floor(group_max, k):
+    """A lower bound of the row's k-th largest key from its group maxima (KEY_NEG_INF when
+    fewer than k groups hold a finite value: then every finite column is a candidate)."""
+    valid_groups = tl.sum((group_max > 0).to(tl.int32), axis=0)
+    floor = KEY_NEG_INF + tl.zeros([], tl.uint32)
+    if valid_groups >= k:
+        floor = tl.maximum(_kth_largest_key(group_max, k, FLOOR_BITS), KEY_NEG_INF)
+    return floor
 
 
 @triton.jit
-def _collect(src, start, n, threshold, out, counter, capacity, GROUPS, TIES, MASKED):
-    """Append the columns of [start, start + GROUPS) whose key is above `threshold` (or,
-    with TIES, equal to it and finite) to `out`, up to `capacity` entries; `counter`
-    counts them all.
+def _group_maxima(src, n, piece, GROUPS: tl.constexpr, GS: tl.constexpr, BLOCKS: tl.constexpr):
+    """Max key of groups piece .. piece + GS - 1 over a row of length n (0 for a group with
+    no finite column): BLOCKS GROUPS-column blocks per step, full steps unmasked."""
+    block = tl.arange(0, BLOCKS)[:, None]
+    lane = tl.arange(0, GS)[None, :]
+    group_max = tl.zeros([GS], tl.uint32)
+    main_stop = n // GROUPS // BLOCKS * BLOCKS
+    for first in range(0, main_stop, BLOCKS):
+        col = (first + block) * GROUPS + piece + lane
+        group_max = tl.maximum(group_max, tl.max(_load_keys(src, col, col, False), axis=0))
+    if main_stop * GROUPS < n:
+        # At most BLOCKS blocks are left (the last one partial): one masked step.
+        col = (main_stop + block) * GROUPS + piece + lane
+        key = _load_keys(src, col, col < n, True)
+        group_max = tl.maximum(group_max, tl.max(key, axis=0))
+    return group_max
 
-    The chunk is tiled as rows of 4 adjacent columns, one 16-byte vector per thread: a row
-    takes its slots with one relaxed atomic (only a few percent of the rows hold a match)
-    and numbers its matches in registers, which costs far less than a prefix sum over
-    every column. Each of the 4 columns is then stored as its own 1-D tensor, which keeps
-    the scatter in the row layout.
-    """
-    row = tl.arange(0, GROUPS // 4)
-    lane = tl.arange(0, 4)
-    col = start + (4 * row)[:, None] + lane[None, :]
-    key = _load_keys(src, col, n, MASKED)
-    if TIES:
-        match = ((key == threshold) & (key > KEY_NEG_INF)).to(tl.int32)
-    else:
-        match = (key > threshold).to(tl.int32)
-    count = tl.sum(match, axis=1)
-    base = tl.atomic_add(counter + tl.zeros_like(count), count, mask=count > 0, sem="relaxed")
-    slot = base[:, None] + tl.cumsum(match, axis=1) - match
+
+@triton.jit
+def _scatter_quads(dst, col_base, slot, match, capacity):
+    """Store col_base + j at slot[:, j] where match[:, j], for slots below `capacity`. Each
+    of the 4 columns is stored as its own 1-D tensor, which keeps the scatter in the tile's
+    row layout."""
+    lane = tl.arange(0, 4)[None, :]
     for j in tl.static_range(4):
-        pick = lane[None, :] == j
+        pick = lane == j
         slot_j = tl.sum(tl.where(pick, slot, 0), axis=1)
         match_j = tl.sum(tl.where(pick, match, 0), axis=1)
-        tl.store(out + slot_j, start + 4 * row + j, mask=(match_j != 0) & (slot_j < capacity))
+        tl.store(dst + slot_j, col_base + j, mask=(match_j != 0) & (slot_j < capacity))
+
+
+@triton.jit
+def _collect_step(
+    src,
+    first,
+    n,
+    floor,
+    candidates,
+    ties,
+    counters,
+    piece,
+    K_PAD: tl.constexpr,
+    CAP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    GS: tl.constexpr,
+    BLOCKS: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Append this program's columns of blocks [first, first + BLOCKS) with key > floor to
+    `candidates` (counted in counters[ABOVE]) and those equal to a finite floor to `ties`
+    (counters[TIED]); the counters count every match, the buffers keep the first CAP / K_PAD.
+
+    The step is tiled as quads of 4 adjacent columns, one 16-byte vector per thread. A quad
+    with candidates takes its slots with one relaxed atomic (only a few percent hold one)
+    and numbers them in registers, far cheaper than a prefix sum over every column. Ties are
+    numbered by a prefix sum over the quads and one atomic per step, and only in steps that
+    hold any: all-equal rows would otherwise take an atomic per quad.
+    """
+    quad = tl.arange(0, BLOCKS * GS // 4)
+    col_base = (first + quad // (GS // 4)) * GROUPS + piece + (quad % (GS // 4)) * 4
+    col = col_base[:, None] + tl.arange(0, 4)[None, :]
+    key = _load_keys(src, col, col < n, MASKED)
+    above = (key > floor).to(tl.int32)
+    above_quad = tl.sum(above, axis=1)
+    base = tl.atomic_add(
+        counters + ABOVE + tl.zeros_like(above_quad), above_quad, mask=above_quad > 0,
+        sem="relaxed",
+    )  # fmt: skip
+    _scatter_quads(candidates, col_base, base[:, None] + tl.cumsum(above, axis=1) - above,
+                   above, CAP)  # fmt: skip
+    tied = ((key == floor) & (key > KEY_NEG_INF)).to(tl.int32)
+    tied_quad = tl.sum(tied, axis=1)
+    tied_step = tl.sum(tied_quad, axis=0)
+    if tied_step > 0:
+        tied_base = tl.atomic_add(counters + TIED, tied_step, sem="relaxed")
+        quad_first = tied_base + tl.cumsum(tied_quad, axis=0) - tied_quad
+        _scatter_quads(ties, col_base, quad_first[:, None] + tl.cumsum(tied, axis=1) - tied,
+                       tied, K_PAD)  # fmt: skip
+
+
+@triton.jit
+def _collect(
+    src,
+    n,
+    floor,
+    candidates,
+    ties,
+    counters,
+    piece,
+    K_PAD: tl.constexpr,
+    CAP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    GS: tl.constexpr,
+    BLOCKS: tl.constexpr,
+):
+    """`_collect_step` over every block of a row of length n (full steps unmasked)."""
+    main_stop = n // GROUPS // BLOCKS * BLOCKS
+    for first in range(0, main_stop, BLOCKS):
+        _collect_step(src, first, n, floor, candidates, ties, counters, piece,
+                      K_PAD, CAP, GROUPS, GS, BLOCKS, False)  # fmt: skip
+    if main_stop * GROUPS < n:
+        _collect_step(src, main_stop, n, floor, candidates, ties, counters, piece,
+                      K_PAD, CAP, GROUPS, GS, BLOCKS, True)  # fmt: skip
 
 
 @triton.jit
@@ -156,107 +360,204 @@ def _emit_selection(key, col, threshold, k, dst):
     tl.store(dst + slot_tied, col, mask=tied & (slot_tied < k))
 
 
+@triton.jit
+def _select_from_row(src, n, k, dst, STEP: tl.constexpr):
+    """The exact selection by counting passes over the whole row (>= k finite values)."""
+    lane = tl.arange(0, STEP)
+    threshold = tl.zeros([], tl.uint32)
+    count = tl.zeros([], tl.int32)
+    shift = tl.full([], 30, tl.int32)
+    while (shift >= 0) & (count != k):
+        c1 = tl.zeros([], tl.int32)
+        c2 = tl.zeros([], tl.int32)
+        c3 = tl.zeros([], tl.int32)
+        for start in range(0, n, STEP):
+            key = _load_keys(src, start + lane, start + lane < n, True)
+            d1, d2, d3 = _count_at_least(key, threshold, shift)
+            c1 += d1
+            c2 += d2
+            c3 += d3
+        threshold, count = _take_digit(threshold, count, c1, c2, c3, k, shift)
+        shift -= 2
+    above_count = tl.zeros([], tl.int32)
+    for start in range(0, n, STEP):
+        key = _load_keys(src, start + lane, start + lane < n, True)
+        above_count += tl.sum((key > threshold).to(tl.int32), axis=0)
+    above_run = tl.zeros([], tl.int32)
+    tied_run = tl.zeros([], tl.int32)
+    for start in range(0, n, STEP):
+        col = start + lane
+        key = _load_keys(src, col, col < n, True)
+        above = key > threshold
+        tied = key == threshold
+        slot_above = above_run + tl.cumsum(above.to(tl.int32), axis=0) - 1
+        slot_tied = above_count + tied_run + tl.cumsum(tied.to(tl.int32), axis=0) - 1
+        tl.store(dst + slot_above, col, mask=above)
+        tl.store(dst + slot_tied, col, mask=tied & (slot_tied < k))
+        above_run += tl.sum(above.to(tl.int32), axis=0)
+        tied_run += tl.sum(tied.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _select(
+    src,
+    n,
+    dst,
+    candidates,
+    ties,
+    counters,
+    k,
+    K_PAD: tl.constexpr,
+    CAP: tl.constexpr,
+):
+    """Write the row's k columns (phase 3) once every program's collect step is visible.
+    Buffers written by other programs are read through L2 (`.cg`, and atomics for counts)."""
+    above_total = tl.atomic_add(counters + ABOVE, 0, sem="relaxed")
+    tied_total = tl.atomic_add(counters + TIED, 0, sem="relaxed")
+    if above_total <= k:
+        slot = tl.arange(0, K_PAD)
+        tie_slot = slot - above_total
+        tie_count = tl.minimum(k - above_total, tied_total)
+        picked = tl.load(candidates + slot, mask=slot < above_total, other=-1,
+                         cache_modifier=".cg")  # fmt: skip
+        tie = tl.load(ties + tie_slot, mask=(tie_slot >= 0) & (tie_slot < tie_count),
+                      other=-1, cache_modifier=".cg")  # fmt: skip
+        tl.store(dst + slot, tl.where(slot < above_total, picked, tie), mask=slot < k)
+    elif above_total <= CAP:
+        slot = tl.arange(0, CAP)
+        inside = slot < above_total
+        col = tl.load(candidates + slot, mask=inside, other=0, cache_modifier=".cg")
+        key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
+        _emit_selection(key, col, _kth_largest_key(key, k, 32), k, dst)
+    else:
+        _select_from_row(src, n, k, dst, FALLBACK_STEP)
+
+
 @triton.jit(do_not_specialize=["lengths_ptr", "width"])
-def _topk_kernel(
+def _topk_row_kernel(
     logits_ptr,
     lengths_ptr,
     out_ptr,
     scratch_ptr,
+    counters_ptr,
     row_stride,
     out_row_stride,
     width,
     k,
     K_PAD: tl.constexpr,
-    GROUPS: tl.constexpr,
     CAP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    BLOCKS: tl.constexpr,
+    ROW_INTS: tl.constexpr,
 ):
+    """P = 1: one program per row, every phase in one launch."""
     row = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
     src = logits_ptr + row * row_stride
-    dst = out_ptr + row * out_row_stride
-    candidates = scratch_ptr + row * (CAP + K_PAD + 2)
+    candidates = scratch_ptr + row * ROW_INTS
     ties = candidates + CAP
-    counters = ties + K_PAD
-    lane = tl.arange(0, GROUPS)
-
-    # Phase 1: the floor, from the max key of each interleaved group. Two chunks per
-    # iteration keep twice the bytes in flight; full chunks load unmasked (vectorized).
-    group_max = tl.zeros([GROUPS], tl.uint32)
-    full_stop = n // (2 * GROUPS) * (2 * GROUPS)
-    for start in range(0, full_stop, 2 * GROUPS):
-        first = _load_keys(src, start + lane, n, False)
-        second = _load_keys(src, start + GROUPS + lane, n, False)
-        group_max = tl.maximum(group_max, tl.maximum(first, second))
-    for start in range(full_stop, n, GROUPS):
-        group_max = tl.maximum(group_max, _load_keys(src, start + lane, n, True))
-    valid_groups = tl.sum((group_max > 0).to(tl.int32), axis=0)
-    floor = KEY_NEG_INF + tl.zeros([], tl.uint32)
-    if valid_groups >= k:
-        floor = tl.maximum(_kth_largest_key(group_max, k, FLOOR_BITS), KEY_NEG_INF)
-
-    # Phase 2: collect the keys above the floor.
+    counters = counters_ptr + row * COUNTER_SLOTS
     tl.store(counters + tl.arange(0, 2), tl.zeros([2], tl.int32))
     tl.debug_barrier()
-    full_stop = n // GROUPS * GROUPS
-    for start in range(0, full_stop, GROUPS):
-        _collect(src, start, n, floor, candidates, counters, CAP, GROUPS, False, False)
-    if full_stop < n:
-        _collect(src, full_stop, n, floor, candidates, counters, CAP, GROUPS, False, True)
-    # The buffer was written by other threads of this program; the count is read through
-    # the atomics' own path (L2).
+    floor = _row_floor(_group_maxima(src, n, 0, GROUPS, GROUPS, BLOCKS), k)
+    _collect(src, n, floor, candidates, ties, counters, 0, K_PAD, CAP, GROUPS, GROUPS, BLOCKS)
+    # The buffers were written by other threads of this program; _select reads them and
+    # the counts through L2.
     tl.debug_barrier()
-    above_total = tl.atomic_add(counters, 0, sem="relaxed")
-    tied_total = tl.zeros([], tl.int32)
-    if above_total < k:
-        # Only now are keys equal to the floor needed (the floor is then the k-th largest).
-        for start in range(0, full_stop, GROUPS):
-            _collect(src, start, n, floor, ties, counters + 1, K_PAD, GROUPS, True, False)
-        if full_stop < n:
-            _collect(src, full_stop, n, floor, ties, counters + 1, K_PAD, GROUPS, True, True)
-        tl.debug_barrier()
-        tied_total = tl.atomic_add(counters + 1, 0, sem="relaxed")
+    _select(src, n, out_ptr + row * out_row_stride, candidates, ties, counters, k,
+            K_PAD, CAP)  # fmt: skip
 
-    # Phase 3: select.
-    if above_total <= k:
-        slot = tl.arange(0, K_PAD)
-        tie_slot = slot - above_total
-        tie_count = tl.minimum(k - above_total, tied_total)
-        picked = tl.load(candidates + slot, mask=slot < above_total, other=-1)
-        tie = tl.load(ties + tie_slot, mask=(tie_slot >= 0) & (tie_slot < tie_count), other=-1)
-        tl.store(dst + slot, tl.where(slot < above_total, picked, tie), mask=slot < k)
-    elif above_total <= CAP:
-        slot = tl.arange(0, CAP)
-        inside = slot < above_total
-        col = tl.load(candidates + slot, mask=inside, other=0)
-        key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
-        _emit_selection(key, col, _kth_largest_key(key, k, 32), k, dst)
-    else:
-        # Fallback: exact threshold by counting passes over the whole row.
-        threshold = tl.zeros([], tl.uint32)
-        for step in tl.static_range(32):
-            trial = threshold | (1 << (31 - step))
-            count = tl.zeros([], tl.int32)
-            for start in range(0, n, GROUPS):
-                key = _load_keys(src, start + lane, n, True)
-                count += tl.sum((key >= trial).to(tl.int32), axis=0)
-            threshold = tl.where(count >= k, trial, threshold)
-        above_count = tl.zeros([], tl.int32)
-        for start in range(0, n, GROUPS):
-            key = _load_keys(src, start + lane, n, True)
-            above_count += tl.sum((key > threshold).to(tl.int32), axis=0)
-        above_run = tl.zeros([], tl.int32)
-        tied_run = tl.zeros([], tl.int32)
-        for start in range(0, n, GROUPS):
-            col = start + lane
-            key = _load_keys(src, col, n, True)
-            above = key > threshold
-            tied = key == threshold
-            slot_above = above_run + tl.cumsum(above.to(tl.int32), axis=0) - 1
-            slot_tied = above_count + tied_run + tl.cumsum(tied.to(tl.int32), axis=0) - 1
-            tl.store(dst + slot_above, col, mask=above)
-            tl.store(dst + slot_tied, col, mask=tied & (slot_tied < k))
-            above_run += tl.sum(above.to(tl.int32), axis=0)
-            tied_run += tl.sum(tied.to(tl.int32), axis=0)
+
+@triton.jit(do_not_specialize=["lengths_ptr", "width"])
+def _split_floor_kernel(
+    logits_ptr,
+    lengths_ptr,
+    scratch_ptr,
+    counters_ptr,
+    row_stride,
+    width,
+    k,
+    GROUPS: tl.constexpr,
+    GS: tl.constexpr,
+    BLOCKS: tl.constexpr,
+    MAXIMA_AT: tl.constexpr,
+    ROW_INTS: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """P > 1, grid (P, rows): program s writes the maxima of groups [s * GS, (s + 1) * GS);
+    the row's last program to arrive turns all GROUPS maxima into the row's floor."""
+    piece = tl.program_id(0) * GS
+    row = tl.program_id(1).to(tl.int64)
+    n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
+    maxima = scratch_ptr + row * ROW_INTS + MAXIMA_AT
+    counters = counters_ptr + row * COUNTER_SLOTS
+    group_max = _group_maxima(logits_ptr + row * row_stride, n, piece, GROUPS, GS, BLOCKS)
+    tl.store(maxima + piece + tl.arange(0, GS), group_max.to(tl.int32, bitcast=True))
+    # Every thread's stores precede the release of the arrival (the acquire pairs with it).
+    tl.debug_barrier()
+    if tl.atomic_add(counters + FLOOR_ARRIVALS, 1, sem="acq_rel") == SPLIT - 1:
+        every = tl.load(maxima + tl.arange(0, GROUPS), cache_modifier=".cg")
+        floor = _row_floor(every.to(tl.uint32, bitcast=True), k)
+        tl.store(counters + FLOOR_KEY, floor.to(tl.int32, bitcast=True))
+
+
+@triton.jit(do_not_specialize=["lengths_ptr", "width"])
+def _split_collect_kernel(
+    logits_ptr,
+    lengths_ptr,
+    out_ptr,
+    scratch_ptr,
+    counters_ptr,
+    row_stride,
+    out_row_stride,
+    width,
+    k,
+    K_PAD: tl.constexpr,
+    CAP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    GS: tl.constexpr,
+    BLOCKS: tl.constexpr,
+    ROW_INTS: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """P > 1, grid (P, rows): program s collects its groups' columns above the row's floor;
+    the row's last program to arrive selects."""
+    piece = tl.program_id(0) * GS
+    row = tl.program_id(1).to(tl.int64)
+    n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
+    src = logits_ptr + row * row_stride
+    candidates = scratch_ptr + row * ROW_INTS
+    ties = candidates + CAP
+    counters = counters_ptr + row * COUNTER_SLOTS
+    floor = tl.load(counters + FLOOR_KEY).to(tl.uint32, bitcast=True)
+    _collect(src, n, floor, candidates, ties, counters, piece, K_PAD, CAP, GROUPS, GS, BLOCKS)
+    tl.debug_barrier()
+    if tl.atomic_add(counters + COLLECT_ARRIVALS, 1, sem="acq_rel") == SPLIT - 1:
+        _select(src, n, out_ptr + row * out_row_stride, candidates, ties, counters, k,
+                K_PAD, CAP)  # fmt: skip
+
+
+def _is_power_of_2(value: int) -> bool:
+    return value >= 1 and value & (value - 1) == 0
+
+
+def check_config(config: TopkConfig, k: int) -> None:
+    """ValueError naming the field when `config` cannot serve this k."""
+    for name in ("groups", "capacity", "num_warps", "programs_per_row", "chunk"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or not _is_power_of_2(value):
+            raise ValueError(f"config.{name} must be a power of two, got {value!r}")
+    registers = config.max_registers
+    if registers is not None and (not isinstance(registers, int) or not 24 <= registers <= 255):
+        raise ValueError(f"config.max_registers must be None or in [24, 255], got {registers!r}")
+    k_pad = next_power_of_2(k)
+    if config.capacity < k_pad:
+        raise ValueError(f"config.capacity {config.capacity} < next_power_of_2(k) {k_pad}")
+    if config.groups // config.programs_per_row < 4:
+        raise ValueError(
+            f"config.programs_per_row {config.programs_per_row} leaves fewer than 4 of "
+            f"config.groups {config.groups} per program"
+        )
 
 
 def topk_per_row(
@@ -270,36 +571,54 @@ def topk_per_row(
     """Triton `topk_per_row` (OPS_CONTRACT op 2; arguments validated by the wrapper).
 
     out[r] gets the columns of the k largest of logits[r, :clamp(lengths[r], 0, W)] in any
-    order, -1 padded; -inf is never picked. `config` overrides the sizes derived from k
-    (tuning hook; its fields must be powers of two with groups >= capacity >= 2 * K_PAD is
-    not required, only capacity >= K_PAD). Reads no device value on the host.
+    order, -1 padded; -inf is never picked. `config` overrides `default_config(k, rows, W)`
+    (tuning hook, checked by `check_config`). Reads no device value on the host: P and every
+    size come from the shapes, so a captured launch replays correctly at any lengths.
     """
     rows, width = logits.shape
     if rows == 0 or k == 0:
         return
-    cfg = config or default_config(k)
+    cfg = config or default_config(k, rows, width)
+    check_config(cfg, k)
     k_pad = next_power_of_2(k)
-    if cfg.capacity < k_pad:
-        raise ValueError(f"config.capacity {cfg.capacity} < next_power_of_2(k) {k_pad}")
-    row_ints = cfg.capacity + k_pad + 2
-    batch = max(1, SCRATCH_BYTES // (4 * row_ints))
-    scratch = torch.empty((min(rows, batch), row_ints), dtype=torch.int32, device=logits.device)
+    split = cfg.programs_per_row
+    slice_groups = cfg.groups // split
+    blocks = max(1, cfg.chunk // slice_groups)
+    maxima_at = cfg.capacity + k_pad
+    row_ints = maxima_at + (cfg.groups if split > 1 else 0)
+    # Rows are the grid's second axis when split (at most 65535 programs there).
+    batch = min(max(1, SCRATCH_BYTES // (4 * row_ints)), 65535)
+    size = min(rows, batch)
+    scratch = torch.empty((size, row_ints), dtype=torch.int32, device=logits.device)
+    make_counters = torch.zeros if split > 1 else torch.empty
+    counters = make_counters((size, COUNTER_SLOTS.value), dtype=torch.int32, device=logits.device)
+    launch: dict[str, int] = {"num_warps": cfg.num_warps}
+    if cfg.max_registers is not None:
+        launch["maxnreg"] = cfg.max_registers
     for first in range(0, rows, batch):
         last = min(first + batch, rows)
-        _topk_kernel[(last - first,)](
-            logits[first:last],
-            lengths[first:last],
-            out[first:last],
-            scratch,
-            logits.stride(0),
-            out.stride(0),
-            width,
-            k,
-            K_PAD=k_pad,
-            GROUPS=cfg.groups,
-            CAP=cfg.capacity,
-            num_warps=cfg.num_warps,
-        )
+        if split == 1:
+            _topk_row_kernel[(last - first,)](
+                logits[first:last], lengths[first:last], out[first:last], scratch, counters,
+                logits.stride(0), out.stride(0), width, k,
+                K_PAD=k_pad, CAP=cfg.capacity, GROUPS=cfg.groups, BLOCKS=blocks,
+                ROW_INTS=row_ints, **launch,
+            )  # fmt: skip
+            continue
+        if first > 0:
+            counters.zero_()
+        _split_floor_kernel[(split, last - first)](
+            logits[first:last], lengths[first:last], scratch, counters,
+            logits.stride(0), width, k,
+            GROUPS=cfg.groups, GS=slice_groups, BLOCKS=blocks, MAXIMA_AT=maxima_at,
+            ROW_INTS=row_ints, SPLIT=split, **launch,
+        )  # fmt: skip
+        _split_collect_kernel[(split, last - first)](
+            logits[first:last], lengths[first:last], out[first:last], scratch, counters,
+            logits.stride(0), out.stride(0), width, k,
+            K_PAD=k_pad, CAP=cfg.capacity, GROUPS=cfg.groups, GS=slice_groups, BLOCKS=blocks,
+            ROW_INTS=row_ints, SPLIT=split, **launch,
+        )  # fmt: skip
 
 
-__all__ = ["TopkConfig", "default_config", "topk_per_row"]
+__all__ = ["TopkConfig", "check_config", "default_config", "split_config", "topk_per_row"]

@@ -1,0 +1,240 @@
+"""The Triton top-k (graphidx.ops.kernels.topk) on both paths, against exact key math.
+
+Runs under the Triton interpreter on a CPU (tests/conftest.py sets TRITON_INTERPRET=1), so
+rows are short and the configs small: groups of 32 or 64, chunks of 64 columns, so the
+unmasked steps, the masked tail, every select branch and, with programs_per_row 2 / 4, the
+cross-program floor, collect and last-arriver select all run. Outputs are poisoned with a
+sentinel before each call.
+
+The check is exact: the picked columns' keys (the order-preserving uint32 image of float32
+the kernel compares, computed here in int64) must be the min(k, #pickable) largest keys of
+the row as a multiset, the picks distinct and inside the length, then -1. Pickable keys are
+those above -inf's, so +NaN ranks above +inf and -NaN like -inf (the kernel's NaN order;
+NaN input is undefined by the contract). On NaN-free rows the picked values must also equal
+the reference backend's, as float64 multisets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+ops = pytest.importorskip("graphidx.ops")
+pytest.importorskip("triton")
+if not ops.backend.triton_interpreted():
+    pytest.skip("interpreter tests: TRITON_INTERPRET is not set", allow_module_level=True)
+from graphidx.ops.kernels import topk as topk_kernels  # noqa: E402
+from graphidx.ops.kernels.topk import (  # noqa: E402
+    TopkConfig,
+    check_config,
+    default_config,
+    split_config,
+    topk_per_row,
+)
+from graphidx.ops.topk import topk_per_row_reference  # noqa: E402
+
+SENTINEL = -777
+NEG_INF = float("-inf")
+NAN = float("nan")
+KEY_NEG_INF = 0x007FFFFF
+
+
+def order_keys(values: torch.Tensor) -> torch.Tensor:
+    """int64 copy of the kernel's uint32 order key of each float32."""
+    bits = values.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return torch.where(bits >= 1 << 31, ~bits & 0xFFFFFFFF, bits | (1 << 31))
+
+
+def check_rows(logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    width = logits.shape[1]
+    want = torch.full_like(out, SENTINEL)
+    topk_per_row_reference(logits, lengths, k, want)
+    for r in range(logits.shape[0]):
+        n = max(0, min(int(lengths[r]), width))
+        keys = order_keys(logits[r, :n])
+        pickable = keys[keys > KEY_NEG_INF]
+        expect = min(k, pickable.numel())
+        got = out[r].tolist()
+        picks = got[:expect]
+        assert all(0 <= c < n for c in picks), (r, got)
+        assert len(set(picks)) == expect, (r, got)
+        assert got[expect:] == [-1] * (k - expect), (r, got)
+        best = torch.sort(pickable, descending=True).values[:expect]
+        chosen = torch.sort(keys[picks], descending=True).values
+        assert torch.equal(chosen, best), r
+        row = logits[r, :n]
+        if not bool(row.isnan().any()):
+            ref = [c for c in want[r].tolist() if c != -1]
+            assert len(ref) == expect, r
+            assert torch.equal(row[picks].double().sort().values, row[ref].double().sort().values)
+
+
+def run(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None) -> None:
+    out = torch.full((logits.shape[0], k), SENTINEL, dtype=torch.int32)
+    topk_per_row(logits, lengths, k, out, config=config)
+    check_rows(logits, lengths, k, out)
+
+
+def small_config(k: int, split: int, groups: int = 32, capacity: int = 0) -> TopkConfig:
+    k_pad = 1 << (k - 1).bit_length()
+    return TopkConfig(groups=groups, capacity=capacity or max(16, 2 * k_pad), num_warps=4,
+                      programs_per_row=split, chunk=64)  # fmt: skip
+
+
+def lengths_for(width: int, rows: int, gen: torch.Generator) -> torch.Tensor:
+    """0, 1, short, the width, past it, negative, then random lengths."""
+    fixed = [0, 1, 7, width, width + 50, -3, width - 1, 200]
+    rand = torch.randint(0, width + 1, (max(0, rows - len(fixed)),), generator=gen).tolist()
+    return torch.tensor((fixed + rand)[:rows], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("k", [1, 13, 40])
+def test_random_rows_every_length(gen: torch.Generator, split: int, k: int) -> None:
+    logits = torch.randn(10, 300, generator=gen) * 3.0
+    run(logits, lengths_for(300, 10, gen), k, small_config(k, split))
+
+
+def tie_rows(gen: torch.Generator, width: int) -> torch.Tensor:
+    rows = [
+        torch.full((width,), 1.5),
+        torch.randint(0, 3, (width,), generator=gen).float(),
+        torch.round(torch.randn(width, generator=gen) * 4.0) / 4.0,  # few mantissa bits
+        torch.randn(width, generator=gen),
+        -torch.rand(width, generator=gen) - 1.0,  # negatives only, one binade
+    ]
+    rows[3][::2] = -0.0  # signed zeros: distinct keys, equal floats
+    rows[3][1::2] = 0.0
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("k", [1, 16, 40])
+def test_ties(gen: torch.Generator, split: int, k: int) -> None:
+    logits = tie_rows(gen, 300)
+    lengths = torch.tensor([300, 300, 299, 300, 131], dtype=torch.int32)
+    # capacity == K_PAD at k = 16: the candidate and tie buffers are as small as allowed.
+    run(logits, lengths, k, small_config(k, split, capacity=16 if k == 16 else 0))
+
+
+def inf_nan_rows(gen: torch.Generator, width: int) -> torch.Tensor:
+    base = torch.randn(6, width, generator=gen)
+    base[0] = NEG_INF
+    base[1] = torch.where(torch.rand(width, generator=gen) < 0.9, NEG_INF, base[1])
+    base[2] = torch.where(torch.rand(width, generator=gen) < 0.5, NEG_INF, 2.0)
+    base[3, ::7] = NAN
+    base[4, 5::11] = -torch.tensor(NAN)  # a NaN with the sign bit: ranks like -inf
+    base[4, ::13] = float("inf")
+    base[5] = torch.where(torch.rand(width, generator=gen) < 0.97, NEG_INF, base[5])
+    return base
+
+
+@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("k", [1, 24])
+def test_inf_and_nan(gen: torch.Generator, split: int, k: int) -> None:
+    logits = inf_nan_rows(gen, 256)
+    lengths = torch.tensor([256, 256, 255, 256, 256, 100], dtype=torch.int32)
+    run(logits, lengths, k, small_config(k, split))
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_k_equal_to_and_wider_than_the_row(gen: torch.Generator, split: int) -> None:
+    logits = torch.randn(4, 64, generator=gen)
+    logits[1, ::3] = NEG_INF
+    lengths = torch.tensor([64, 64, 30, 0], dtype=torch.int32)
+    run(logits, lengths, 64, small_config(64, split, groups=64))
+    run(logits, lengths, 100, small_config(100, split, groups=64))
+
+
+def crowded_rows(gen: torch.Generator, width: int, groups: int) -> torch.Tensor:
+    """The top keys crowded into a few groups: more candidates than CAP (the row fallback)."""
+    rows = torch.randn(4, width, generator=gen) - 10.0
+    crowd = rows[0, ::groups]
+    rows[0, ::groups] = torch.arange(crowd.numel()).float() + 100.0
+    rows[1, ::groups] = 100.0  # ... with ties at the threshold
+    rows[1, 1::groups] = 50.0
+    rows[2, 3::groups] = torch.randn(crowd.numel(), generator=gen) + 20.0
+    # Every binade from 1e-30 to 1e30, both signs: the searches span all 32 key bits.
+    rows[3] = torch.randn(width, generator=gen) * 10.0 ** (
+        60 * torch.rand(width, generator=gen) - 30
+    )
+    return rows
+
+
+@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("k", [5, 13])
+def test_candidate_overflow_falls_back_exactly(gen: torch.Generator, split: int, k: int) -> None:
+    logits = crowded_rows(gen, 600, 32)
+    lengths = torch.tensor([600, 599, 600, 600], dtype=torch.int32)
+    run(logits, lengths, k, small_config(k, split))
+
+
+def test_strided_rows_and_several_scratch_batches(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = torch.randn(7, 400, generator=gen)
+    storage[2] = torch.randint(0, 4, (400,), generator=gen).float()
+    logits = storage[:, :333]  # row stride 400
+    lengths = torch.tensor([333, 100, 333, 0, 250, 333, 17], dtype=torch.int32)
+    config = small_config(9, 4)
+    row_bytes = 4 * (config.capacity + 16 + config.groups)
+    monkeypatch.setattr(topk_kernels, "SCRATCH_BYTES", 3 * row_bytes)  # batches of 3 rows
+    run(logits, lengths, 9, config)
+    run(logits, lengths, 9, dataclasses.replace(config, programs_per_row=1, max_registers=64))
+
+
+def test_default_config_path_and_sizes(gen: torch.Generator) -> None:
+    logits = torch.randn(3, 1500, generator=gen)
+    logits[1, ::2] = 0.5
+    lengths = torch.tensor([1500, 1499, 640], dtype=torch.int32)
+    out = torch.full((3, 64), SENTINEL, dtype=torch.int32)
+    ops.topk_per_row(logits, lengths, 64, out, backend="triton")
+    check_rows(logits, lengths, 64, out)
+
+
+def test_default_config_choice() -> None:
+    h200 = default_config(512, 128, 65536)
+    assert (h200.programs_per_row, h200.groups, h200.capacity) == (4, 2048, 1024)
+    assert default_config(2048, 128, 65536).programs_per_row == 4
+    assert default_config(2048, 128, 65536).groups == 8192
+    assert default_config(2048, 4096, 65536).programs_per_row == 1  # many rows
+    assert default_config(2048, 8, 4096).programs_per_row == 1  # narrow rows
+    assert default_config(2048, 8, 8192).programs_per_row == 2
+    wide = default_config(512, 1, 1 << 20)
+    assert (wide.programs_per_row, wide.groups) == (128, 16384)
+    for k, rows, width in ((1, 1, 1), (2048, 128, 65536), (9000, 3, 1 << 20)):
+        config = default_config(k, rows, width)
+        check_config(config, k)
+        assert config.groups // config.programs_per_row >= topk_kernels.MIN_SLICE_GROUPS
+        assert config == split_config(k, config.programs_per_row)
+    assert split_config(512, 1).num_warps == 4  # the one-program path keeps small k light
+    assert split_config(512, 16).groups == 2048
+
+
+def test_bad_config_raises_before_any_launch() -> None:
+    logits = torch.randn(2, 50)
+    lengths = torch.tensor([50, 50], dtype=torch.int32)
+    out = torch.full((2, 8), SENTINEL, dtype=torch.int32)
+    bad = [
+        (small_config(8, 2, capacity=4), "capacity"),
+        (dataclasses.replace(small_config(8, 2), programs_per_row=3), "programs_per_row"),
+        (dataclasses.replace(small_config(8, 2), programs_per_row=16), "programs_per_row"),
+        (dataclasses.replace(small_config(8, 2), chunk=0), "chunk"),
+        (dataclasses.replace(small_config(8, 2), max_registers=8), "max_registers"),
+    ]
+    for config, field in bad:
+        with pytest.raises(ValueError, match=field):
+            topk_per_row(logits, lengths, 8, out, config=config)
+    assert bool((out == SENTINEL).all())
+
+
+@pytest.mark.parametrize("split", [0, 1, 8])
+def test_long_rows_default_sizes(gen: torch.Generator, split: int) -> None:
+    # Real sizes (2048 groups, 8192-column steps): the unmasked steps and the wide tiles run.
+    logits = torch.randn(3, 70000, generator=gen)
+    lengths = torch.tensor([70000, 68766, 33333], dtype=torch.int32)
+    config = split_config(512, split) if split else default_config(512, 3, 70000)
+    assert config.programs_per_row == (split or 16)
+    run(logits, lengths, 512, config)
