@@ -673,6 +673,7 @@ def run(
             f"{NOMINAL_MATMUL_FLOPS_PER_S / 1e12:.0f} TFLOP/s)",
             flush=True,
         )
+    torch.manual_seed(0)  # the same random inputs every run: timings compare across commits
     results = run_benchmarks(device, quick=quick, ceilings=ceilings)
     if sweep:
         results.extend(sweep_tiles(ceilings, device))
