@@ -71,10 +71,11 @@ KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 FLOOR_BITS = tl.constexpr(12)
 """Bits the floor search resolves below the keys' common prefix: a lower bound is enough."""
 
-COUNT_BITS = tl.constexpr(21)
+_COUNT_BITS = 21
+COUNT_BITS = tl.constexpr(_COUNT_BITS)
 """Width of one packed count: a tensor has at most 2**20 elements, so counts fit."""
-COUNT_FIELD = tl.constexpr((1 << 21) - 1)
-THIRD_COUNT_AT = tl.constexpr(2 * 21)
+COUNT_FIELD = tl.constexpr((1 << _COUNT_BITS) - 1)
+THIRD_COUNT_AT = tl.constexpr(2 * _COUNT_BITS)
 
 # Per-row counters (int32 slots of the counters tensor).
 ABOVE = tl.constexpr(0)  # candidates with key > floor
@@ -102,7 +103,7 @@ MAX_PROGRAMS_PER_ROW = MAX_GROUPS // MIN_SLICE_GROUPS
 
 @dataclass(frozen=True)
 class TopkConfig:
-    """Sizes of one top-k call (every field a power of two).
+    """Sizes of one top-k call (every size a power of two).
 
     groups: interleaved groups per row (the floor phase); capacity: candidate buffer entries
     per row (>= next_power_of_2(k)); num_warps: warps per program; programs_per_row: P,
