@@ -33,7 +33,6 @@ from graphidx.ops.kernels.mxfp4_tl import (
     seq_of_row,
     tile_scores,
     tile_split,
-    weight_rescale,
 )
 
 GATHER_SPLIT_COLUMNS = 2048
@@ -130,7 +129,6 @@ def _gather_logits_kernel(
         )
         queries_t = mma_operand(tl.trans(queries), OPERANDS)
         weights = tl.load(w_ptr + row.to(tl.int64) * w_row_stride + head, mask=head_ok, other=0.0)
-        weights = weights * weight_rescale(OPERANDS)
         context = tl.load(ctx_ptr + seq)
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
         pos_row = positions_ptr + row.to(tl.int64) * pos_row_stride

@@ -57,7 +57,6 @@ from graphidx.ops.kernels.mxfp4_tl import (
     seq_of_row,
     tile_scores,
     tile_split,
-    weight_rescale,
 )
 from graphidx.ops.schedule import SCHEDULE_HEADER_INTS, SCHEDULE_ITEM_INTS, SPLIT_ALIGNMENT
 
@@ -228,7 +227,6 @@ def _score_group(
         )
         queries_t = mma_operand(tl.trans(queries), OPERANDS)
         weights = tl.load(w_ptr + q_row.to(tl.int64) * w_row_stride + q_head, mask=q_ok, other=0.0)
-        weights = weights * weight_rescale(OPERANDS)
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
         full_stop = key_start + (key_stop - key_start) // BLOCK_N * BLOCK_N
         tile_args = (

@@ -14,24 +14,21 @@ load, no byte shuffles, and each register pair is one byte's two nibbles. Tiles 
 `[M, SUB, 16, 4]` (SUB = D / 128, or one half-chunk row `[M, 1, 8, 4]` at D = 64) and
 flattened to `[M, D]`; D must be 64, 128 or 256.
 
-Decoded values carry a constant factor: an element is produced as `value * 2**-14`
-(`DEQUANT_EXPONENT_SHIFT`). That lets one exact hardware conversion (fp16 -> fp32, which
-handles the e2m1 subnormal 0.5 correctly) and one multiply by the e8m0 factor do the whole
-decode: the e2m1 code is placed in the top of an fp16 whose exponent bias makes it
-`value * 2**-14`. A product of a decoded key and a decoded query therefore carries
-`2**-28`; kernels multiply their float32 head weights by `KEY_QUERY_FACTOR = 2**28` once,
-which restores exactly the same float32 result (scaling by a power of two commutes with
-rounding) unless a partial sum leaves float32's normal range (|x| < 2**-98).
+Decoding in float32 (`dequantize_tile`): the e2m1 code is placed in the top of an fp16 whose
+exponent bias makes it `value * 2**-14`; one exact hardware conversion (fp16 -> fp32, which
+handles the e2m1 subnormal 0.5 correctly), a multiply by `2**14` and one by the e8m0 factor
+give the value itself. Undoing the `2**-14` before the scale keeps every value exact: with the
+factor left in, a query scaled by 2**-120 would fall below bf16's smallest subnormal.
 
 On NVIDIA GPUs (`OPERANDS_BF16X2`) key tiles skip float32 altogether: a byte's two nibbles
 are placed into a bf16 pair whose bits read `value * 2**-126` (exponent field `ee`, the
 subnormal 0.5 at `ee == 0` again exact), and one packed multiply per factor scales the pair by
-`2**(E - 1)`, split in two powers of two that bf16 always holds. Those keys carry no constant
-factor, so a product carries only the query's `2**-14` (`weight_rescale`).
+`2**(E - 1)`, split in two powers of two that bf16 always holds.
 
-Exactness: every decoded element is an e2m1 value times a power of two, so it is exact in
-bf16 (the tensor-core operand) and every product is exact in the float32 accumulator. An
-e8m0 byte of 0xFF is NaN and propagates; byte 0 is 2**-127 (subnormal in float32).
+Exactness: every decoded element is an e2m1 value times a power of two, exact in bf16 (the
+tensor-core operand, subnormals included: tools/device_subnormals.py checked that neither
+`fma.rn.bf16x2` nor the sm_90 tensor cores flush them) and every product is exact in the
+float32 accumulator. An e8m0 byte of 0xFF is NaN and propagates; byte 0 is 2**-127.
 """
 
 from __future__ import annotations
@@ -41,14 +38,9 @@ import triton.language as tl
 
 import graphidx.ops.kernels as operand_modes
 
-DEQUANT_EXPONENT_SHIFT = 14
-"""Decoded elements are `value * 2**-DEQUANT_EXPONENT_SHIFT`."""
+FP16_CODE_FACTOR = tl.constexpr(float(2**14))
+"""Undoes the `2**-14` of an e2m1 code read as an fp16 (see the module docstring)."""
 
-KEY_QUERY_FACTOR = tl.constexpr(float(2 ** (2 * DEQUANT_EXPONENT_SHIFT)))
-"""Undoes the `2**-28` of a product of two float32-decoded elements (a constexpr: Triton
-kernels may only read constexpr globals)."""
-QUERY_FACTOR = tl.constexpr(float(2**DEQUANT_EXPONENT_SHIFT))
-"""Undoes the `2**-14` of a product of a bf16x2-decoded key and a float32-decoded query."""
 BF16_PAIR_MAGNITUDES = tl.constexpr((0x00040040, 0x01C001C0))
 """(multiplier, mask) placing a byte's two 3-bit e2m1 magnitudes at bf16 bits 6..8, 22..24."""
 BF16_PAIR_SIGNS = tl.constexpr((0x01001000, -0x7FFF8000))
@@ -82,7 +74,7 @@ def e8m0_factor(scale_bytes):
 
 @triton.jit
 def dequantize_tile(value_bytes, scale_bytes):
-    """Decode a kernel-order tile to float32 `value * 2**-14`: `[M, SUB * RUN * 4 * 2]`.
+    """Decode a kernel-order tile to float32 values: `[M, SUB * RUN * 4 * 2]`.
 
     value_bytes: int32 `[M, SUB, RUN, 4]`; scale_bytes: int32 `[M, SUB, 1, 4]` (the scale
     of each thread group's run). Element (m, s, j, t, h) is nibble h of that byte.
@@ -101,7 +93,7 @@ def dequantize_tile(value_bytes, scale_bytes):
     low = pair.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     high = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     factor = e8m0_factor(scale_bytes)
-    pairs = tl.join(low * factor, high * factor)
+    pairs = tl.join((low * FP16_CODE_FACTOR) * factor, (high * FP16_CODE_FACTOR) * factor)
     return tl.reshape(pairs, [rows, sub * run * 8])
 
 
@@ -109,7 +101,7 @@ def dequantize_tile(value_bytes, scale_bytes):
 def dequantize_keys_bf16x2(value_bytes, scale_bytes):
     """Decode a kernel-order tile straight to bf16 `value * 2**(E - 127)`: `[M, SUB * RUN * 8]`.
 
-    Same arguments and element order as `dequantize_tile`, no constant factor. NVIDIA only
+    Same arguments, element order and values as `dequantize_tile`. NVIDIA only
     (inline PTX `fma.rn.bf16x2`, sm_80+). E = 255 gives NaN, E = 0 bf16 subnormals.
     """
     rows: tl.constexpr = value_bytes.shape[0]
@@ -328,17 +320,6 @@ def tile_scores(keys, queries_t, OPERANDS: tl.constexpr):
 
 
 @triton.jit
-def weight_rescale(OPERANDS: tl.constexpr):
-    """The power of two that head weights take to undo the constant factor of a key-query
-    product under OPERANDS (see the module docstring)."""
-    if OPERANDS == OPERANDS_BF16X2:  # noqa: SIM108 (a constexpr branch: one side compiles)
-        factor = QUERY_FACTOR
-    else:
-        factor = KEY_QUERY_FACTOR
-    return factor
-
-
-@triton.jit
 def relu_propagate_nan(x):
     """max(x, 0) that keeps NaN (a NaN scale must reach the logits, as in the reference)."""
     return tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)
@@ -373,9 +354,7 @@ def seq_of_row(row, qsl_ptr, num_seqs):
 __all__ = [
     "BF16_PAIR_MAGNITUDES",
     "BF16_PAIR_SIGNS",
-    "DEQUANT_EXPONENT_SHIFT",
-    "KEY_QUERY_FACTOR",
-    "QUERY_FACTOR",
+    "FP16_CODE_FACTOR",
     "SUPPORTED_HEAD_DIMS",
     "decode_key_tile",
     "dequantize_keys_bf16x2",
@@ -390,5 +369,4 @@ __all__ = [
     "seq_of_row",
     "tile_scores",
     "tile_split",
-    "weight_rescale",
 ]

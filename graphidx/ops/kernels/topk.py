@@ -92,8 +92,13 @@ register count (and cut the occupancy) of the kernel that holds it."""
 SCRATCH_BYTES = 64 << 20
 MIN_GROUPS = 1024
 MAX_GROUPS = 16384
-TARGET_PROGRAMS = 512
-"""Programs per launch that default_config aims for: ~4 per multiprocessor of an H200."""
+TARGET_PROGRAMS = 256
+"""Programs per launch that default_config aims for, ~2 per multiprocessor of an H200
+(measured at 128 x 65536, k 512: P = 2 58 us, P = 4 109 us, P = 1 103 us)."""
+SPLIT_MAX_K = 1024
+"""Largest k that default_config splits rows for (measured at 128 x 65536, k 2048: P = 1
+76 us, P = 2 125 us, P = 4 163 us: the last arriver's floor search over 8192 group maxima
+and the extra launch cost more than the split saves)."""
 MIN_SLICE_COLUMNS = 4096
 """Columns of the width each program keeps at least (a shorter stream is all overhead)."""
 MIN_SLICE_GROUPS = 128
@@ -123,12 +128,13 @@ class TopkConfig:
 def default_config(k: int, rows: int, width: int) -> TopkConfig:
     """The config for `rows` rows of `width` columns and this k, from the shapes alone.
 
-    P doubles from 1 while rows * P < TARGET_PROGRAMS, width >= 2P * MIN_SLICE_COLUMNS and
-    P < MAX_PROGRAMS_PER_ROW; the sizes are then `split_config(k, P)`.
+    P doubles from 1 while k <= SPLIT_MAX_K, rows * P < TARGET_PROGRAMS, width >= 2P *
+    MIN_SLICE_COLUMNS and P < MAX_PROGRAMS_PER_ROW; the sizes are then `split_config(k, P)`.
     """
     split = 1
     while (
-        rows * split < TARGET_PROGRAMS
+        k <= SPLIT_MAX_K
+        and rows * split < TARGET_PROGRAMS
         and split < MAX_PROGRAMS_PER_ROW
         and width >= 2 * split * MIN_SLICE_COLUMNS
     ):
