@@ -30,7 +30,9 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from graphidx.bench import random_block_table, random_kv_cache, random_queries
+from graphidx.ops.kernels import gather as triton_gather
 from graphidx.ops.kernels import logits as triton_logits
+from graphidx.ops.kernels.gather import GatherConfig
 from graphidx.ops.kernels.logits import LogitsConfig
 
 HEAD_DIM = 128
@@ -39,7 +41,9 @@ CASES = {
     "decode64": (64, 2, 64, 16384, 64),
     "decode32": (32, 2, 64, 65536, 128),
     "prefill": (64, 0, 4096, 32768, 64),
+    "gather": (32, 2, 64, 65536, 128),  # pool of 2048 blocks of C = 8 per row
 }
+GATHER_POOL_BLOCKS, GATHER_BLOCK_SIZE = 2048, 8
 SMALL_KEYS = 512  # the compiled code depends on shapes' strides and divisibility, not sizes
 
 
@@ -64,6 +68,24 @@ def _compile_only(self: JITFunction, *args: object, grid: object, warmup: bool, 
 
 
 _ORIGINAL_RUN = JITFunction.run
+
+
+def compile_gather(config: GatherConfig | None) -> None:
+    """The gather case's launcher on CPU tensors (positions all valid, one page each)."""
+    heads, next_n, seqs, _, page_entries = CASES["gather"]
+    rows, keys = seqs * next_n, SMALL_KEYS
+    device = torch.device("cpu")
+    table, pages = random_block_table([keys] * seqs, page_entries, device)
+    kv = random_kv_cache(pages, heads, HEAD_DIM, page_entries, device)
+    q, q_scale, weights = random_queries(rows, heads, HEAD_DIM, device)
+    positions = torch.zeros((rows, GATHER_POOL_BLOCKS), dtype=torch.int32)
+    live = torch.full((rows,), GATHER_POOL_BLOCKS * GATHER_BLOCK_SIZE, dtype=torch.int32)
+    out = torch.empty((rows, GATHER_POOL_BLOCKS * GATHER_BLOCK_SIZE))
+    triton_gather.gather_mqa_logits(
+        q, q_scale, kv, weights, torch.full((seqs,), keys, dtype=torch.int32), table,
+        positions, live, out, candidate_block_size=GATHER_BLOCK_SIZE, next_n=next_n,
+        page_entries=page_entries, config=config,
+    )  # fmt: skip
 
 
 def compile_case(name: str, config: LogitsConfig | None = None) -> None:
@@ -162,15 +184,23 @@ def main() -> int:
     print(f"triton {triton.__version__}, target sm_90")
     driver.set_active(_Sm90Driver())  # type: ignore[arg-type]
     JITFunction.run = _compile_only  # type: ignore[method-assign]
-    kernels = [triton_logits._logits_static_kernel, triton_logits._logits_scheduled_kernel]
+    kernels = [
+        triton_logits._logits_static_kernel,
+        triton_logits._logits_scheduled_kernel,
+        triton_gather._gather_logits_kernel,
+    ]
     for name in args.case or sorted(CASES):
         for kernel in kernels:
             kernel.device_caches.clear()
-        config = None
-        if args.config:
-            fields = [None if f == "none" else int(f) for f in args.config.split(",")]
-            config = LogitsConfig(*fields)  # type: ignore[arg-type]
-        compile_case(name, config)
+        fields = (
+            [None if f == "none" else int(f) for f in args.config.split(",")]
+            if args.config
+            else None
+        )
+        if name == "gather":
+            compile_gather(GatherConfig(*fields) if fields else None)  # type: ignore[arg-type]
+        else:
+            compile_case(name, LogitsConfig(*fields) if fields else None)  # type: ignore[arg-type]
         for kernel in kernels:
             for cache in kernel.device_caches.values():
                 for index, compiled in enumerate(cache[0].values()):

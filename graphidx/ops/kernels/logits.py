@@ -53,6 +53,7 @@ from graphidx.ops.kernels.mxfp4_tl import (
     load_query_tile,
     max_propagate_nan,
     mma_operand,
+    mma_tile_rows,
     relu_propagate_nan,
     seq_of_row,
     tile_scores,
@@ -315,8 +316,9 @@ def _fetch_tile(
             page = tl.load(block_row + tile_start // E)
         page_ptr = kv_ptr + page.to(tl.int64) * page_stride
         if MMA_ROWS:
+            rows = mma_tile_rows(BLOCK_N)
             values, scales = key_tile_bytes_mma(
-                page_ptr, tile_start % E, key_stop - tile_start,
+                page_ptr, tile_start % E + rows, rows < key_stop - tile_start,
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MASKED,
             )  # fmt: skip
         else:

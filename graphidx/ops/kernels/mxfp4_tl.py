@@ -189,10 +189,21 @@ def key_tile_bytes(
 
 
 @triton.jit
+def mma_tile_rows(BLOCK_N: tl.constexpr):
+    """Tile row of every (g, w, p, r) in `key_tile_bytes_mma`'s index space: int32
+    `[1, 8, 4, BLOCK_N // 64, 2, 1, 1]`, row m = g + 8 r + 16 w + 64 p."""
+    g = tl.arange(0, 8)[None, :, None, None, None, None, None]
+    w = tl.arange(0, 4)[None, None, :, None, None, None, None]
+    p = tl.arange(0, BLOCK_N // 64)[None, None, None, :, None, None, None]
+    r = tl.arange(0, 2)[None, None, None, None, :, None, None]
+    return g + 8 * r + 16 * w + 64 * p
+
+
+@triton.jit
 def key_tile_bytes_mma(
     page_ptr,
-    first_entry,
-    live_keys,
+    entry,
+    live,
     D: tl.constexpr,
     E: tl.constexpr,
     NPT: tl.constexpr,
@@ -202,29 +213,26 @@ def key_tile_bytes_mma(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """`key_tile_bytes` for keys first_entry .. first_entry + BLOCK_N - 1 of one page, loaded
-    straight in the thread layout of a 4-warp (one warpgroup) tensor-core A operand, so the
-    decoded tile needs no shuffle through shared memory. BLOCK_N: a multiple of 64.
+    """`key_tile_bytes` for a tile of BLOCK_N keys (a multiple of 64), loaded straight in the
+    thread layout of a 4-warp (one warpgroup) tensor-core A operand, so the decoded tile needs
+    no shuffle through shared memory.
+
+    page_ptr, entry, live: each tile row's page (uint8 pointer), slot in it (int32) and
+    whether to read it (MASKED only), indexed like `mma_tile_rows(BLOCK_N)` (or scalars).
 
     In that layout a key row m = g + 8 r + 16 w + 64 p sits in lane 4 g + t of warp w
     (register r, repetition p), and lane t holds the row's bytes t * D/8 ... (kernel order).
     The loads are built as `[t, g, w, p, r, SUB, RUN]`: Triton lays a load's threads along
     its dimensions in order of contiguity, ties in dimension order, so lanes go to t then g
     and warps to w, as the operand wants; a permute and a reshape (no data movement) then
-    give the `[BLOCK_N, SUB, RUN, 4]` tile. MASKED reads only rows m < live_keys.
+    give the `[BLOCK_N, SUB, RUN, 4]` tile.
     """
-    REPS: tl.constexpr = BLOCK_N // 64
     t = tl.arange(0, 4)[:, None, None, None, None, None, None]
-    g = tl.arange(0, 8)[None, :, None, None, None, None, None]
-    w = tl.arange(0, 4)[None, None, :, None, None, None, None]
-    p = tl.arange(0, REPS)[None, None, None, :, None, None, None]
-    r = tl.arange(0, 2)[None, None, None, None, :, None, None]
     s = tl.arange(0, SUB)[None, None, None, None, None, :, None]
     j = tl.arange(0, RUN)[None, None, None, None, None, None, :]
-    row = g + 8 * r + 16 * w + 64 * p
-    entry = (first_entry + row).to(tl.uint32)
-    tile = (entry // NPT).to(tl.int32)
-    local = (entry % NPT).to(tl.int32)
+    slot = entry.to(tl.uint32)
+    tile = (slot // NPT).to(tl.int32)
+    local = (slot % NPT).to(tl.int32)
     first = t * (SUB * RUN) + s * RUN  # first byte of the lane's run (as _kernel_order_bytes)
     chunk = first // 16
     scales_per_lane: tl.constexpr = (D // 32) // LANES
@@ -240,8 +248,8 @@ def key_tile_bytes_mma(
         + chunk // LANES
     )
     if MASKED:
-        values = tl.load(value_ptrs, mask=row < live_keys, other=0)
-        scales = tl.load(scale_ptrs, mask=row < live_keys, other=127)
+        values = tl.load(value_ptrs, mask=live, other=0)
+        scales = tl.load(scale_ptrs, mask=live, other=127)
     else:
         values = tl.load(value_ptrs)
         scales = tl.load(scale_ptrs)
@@ -365,6 +373,7 @@ __all__ = [
     "load_query_tile",
     "max_propagate_nan",
     "mma_operand",
+    "mma_tile_rows",
     "relu_propagate_nan",
     "seq_of_row",
     "tile_scores",
