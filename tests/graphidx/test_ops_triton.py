@@ -326,14 +326,20 @@ def test_dense_extreme_scales(gen: torch.Generator) -> None:
 
 
 @pytest.mark.parametrize(
-    ("block_n", "page_entries", "heads", "head_dim"),
-    [(64, 64, 4, 128), (64, 128, 8, 64), (128, 128, 4, 256)],
+    ("block_n", "page_entries", "heads", "head_dim", "prefetch"),
+    [(64, 64, 4, 128, False), (64, 128, 8, 64, True), (128, 128, 4, 256, False)],
 )
 def test_dense_logits_mma_shaped_tile_loads(
-    gen: torch.Generator, block_n: int, page_entries: int, heads: int, head_dim: int
+    gen: torch.Generator,
+    block_n: int,
+    page_entries: int,
+    heads: int,
+    head_dim: int,
+    prefetch: bool,
 ) -> None:
     """4 warps and one page per tile: keys load straight in the tensor-core operand's thread
-    layout (`key_tile_bytes_mma`), full tiles and masked tails alike."""
+    layout (`key_tile_bytes_mma`), full tiles and masked tails alike, with and without the
+    register prefetch."""
     from graphidx.ops.kernels.logits import LogitsConfig
     from graphidx.ops.kernels.logits import paged_mqa_logits as triton_logits
 
@@ -355,7 +361,10 @@ def test_dense_logits_mma_shaped_tile_loads(
     triton_logits(
         *args, got, next_n=next_n, page_entries=cache.page_entries,  # type: ignore[arg-type]
         block_scores=got_bs, candidate_block_size=16,
-        config=LogitsConfig(block_n=block_n, block_r=2, num_warps=4, num_stages=2),
+        config=LogitsConfig(
+            block_n=block_n, block_r=2, num_warps=4, num_stages=1 if prefetch else 2,
+            prefetch=prefetch,
+        ),
     )  # fmt: skip
     assert got is not None and got_bs is not None
     got, got_bs = got.cpu(), got_bs.cpu()

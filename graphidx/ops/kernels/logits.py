@@ -41,6 +41,7 @@ import triton.language as tl
 from graphidx.config import cdiv
 from graphidx.mxfp4 import cache_layout
 from graphidx.ops.kernels import (
+    OPERANDS_BF16X2,
     OPERANDS_FP32,
     multiprocessor_count,
     next_power_of_2,
@@ -114,25 +115,40 @@ def default_config(
     candidate_block_size: int,
     page_entries: int,
 ) -> LogitsConfig:
-    """Shape-only config: decode groups keep all their rows; prefill fills N = 256.
+    """Shape-only config, from the H200 sweeps in BENCHMARKS.md: one warpgroup (4 warps) over
+    64 keys and N = block_r * heads_pad <= 128 columns, no shared-memory pipelining
+    (num_stages 1), keys loaded in the operand layout (`key_tile_bytes_mma`, when a tile lies
+    in one page). Decode prefetches the next tile in registers and caps wide tiles at 128
+    registers (4 resident programs per SM); prefill caps at 168 (3 programs).
 
     Never depends on lengths, so a graph captured at one step replays at any other.
     """
-    if grouping == GROUP_QUERY_START_LOC:
-        block_r = max(1, 256 // heads_pad)
-    else:
-        # All of a seq's rows share each K tile, up to N = 256 columns.
-        block_r = min(next_power_of_2(rows_per_group), max(1, 256 // heads_pad))
-    # Wide MMAs (N = block_r * heads_pad >= 128) fill the registers at 64 keys; narrow ones
-    # amortize the per-tile overhead over 128 (sm_90 SASS: ~1000 vs ~1070 instructions per
-    # key at H = 32). The interpreter gets small tiles: they keep the tests fast.
-    wide = block_r * heads_pad >= 128
-    block_n = 16 if operand_mode() == OPERANDS_FP32 else (64 if wide else 128)
-    if page_entries % 64 == 0 and block_n > page_entries:
-        block_n = page_entries  # a tile within one page: one block-table read per tile
+    # All of a seq's decode rows share each K tile, up to N = 128 columns; prefill row blocks
+    # fill N = 128 (N = 256 with 8 warps measured 1.7x slower: one program per SM, no overlap).
+    block_r = max(1, 128 // heads_pad)
+    if grouping != GROUP_QUERY_START_LOC:
+        block_r = min(next_power_of_2(rows_per_group), block_r)
+    columns = block_r * heads_pad
+    # 64 keys: the wgmma M. The interpreter gets small tiles: they keep the tests fast.
+    block_n = 16 if operand_mode() == OPERANDS_FP32 else 64
     block_n = max(block_n, candidate_block_size)
-    num_warps = 4 if block_r * heads_pad <= 128 else 8
-    return LogitsConfig(block_n=block_n, block_r=block_r, num_warps=num_warps, num_stages=2)
+    one_page = page_entries % block_n == 0
+    if grouping == GROUP_QUERY_START_LOC:
+        max_registers: int | None = 168
+        prefetch = False
+    else:
+        max_registers = 128 if columns >= 128 else None
+        prefetch = one_page
+    if operand_mode() != OPERANDS_BF16X2:
+        max_registers = None  # the caps were measured on sm_90 (and maxnreg is NVIDIA's)
+    return LogitsConfig(
+        block_n=block_n,
+        block_r=block_r,
+        num_warps=4 if columns <= 128 else 8,
+        num_stages=1,
+        max_registers=max_registers,
+        prefetch=prefetch,
+    )
 
 
 @triton.jit
