@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import time
 import traceback
@@ -502,8 +503,9 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
     decode_points: dict[int, list[tuple[Any, ...]]] = {
         # heads: LogitsConfig fields (block_n, block_r, num_warps, num_stages, max_registers,
         # programs_per_sm, prefetch)
-        64: [(64, 2, 4, 1, 128), (64, 2, 4, 1, 128, 2, True), (64, 2, 4, 1, None)],
-        32: [(64, 2, 4, 1, None), (64, 2, 4, 1, 96), (64, 2, 4, 1, None, 2, True)],
+        64: [(64, 2, 4, 1, 128), (64, 2, 4, 1, 128, 2, True), (64, 2, 4, 1, 128),
+             (64, 2, 4, 1, 128, 2, True)],
+        32: [(64, 2, 4, 1, None), (64, 2, 4, 1, None, 2, True)],
     }  # fmt: skip
     for heads, contexts, page_entries in ((64, [16384] * 64, 64), (32, [65536] * 64, 128)):
         for point in decode_points[heads]:
@@ -513,9 +515,7 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
                 config=LogitsConfig(*point),
             )  # fmt: skip
             results.append(_sweep_point(label, build))
-    prefill_points: tuple[tuple[Any, ...], ...] = (
-        (64, 2, 4, 1, 128), (64, 2, 4, 1, 144), (64, 2, 4, 1, 168),
-    )  # fmt: skip
+    prefill_points: tuple[tuple[Any, ...], ...] = ((64, 2, 4, 1, 144), (64, 2, 4, 1, 168))
     for point in prefill_points:
         label = f"sweep prefill {_config_label(point)}"
         build = functools.partial(
@@ -524,11 +524,15 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
         )  # fmt: skip
         results.append(_sweep_point(label, build))
     skewed = [131072] + [1024] * 63
-    for programs in (2, 3, 4):
-        label = f"sweep decode skewed (schedule) H64 programs/SM {programs}"
+    even = [sum(skewed) // len(skewed)] * len(skewed)
+    for (name, contexts), prefetch in itertools.product(
+        (("skewed", skewed), ("even", even)), (False, True)
+    ):
+        point = (64, 2, 4, 1, 128, 2, prefetch)
+        label = f"sweep decode {name} (schedule) H64 {_config_label(point)}"
         build = functools.partial(
-            dense_decode_case, label, 64, 2, skewed, 64, ceilings, device, use_schedule=True,
-            config=LogitsConfig(64, 2, 4, 1, 128, programs_per_sm=programs),
+            dense_decode_case, label, 64, 2, contexts, 64, ceilings, device, use_schedule=True,
+            config=LogitsConfig(*point),
         )  # fmt: skip
         results.append(_sweep_point(label, build))
     for block_n, num_warps, num_stages in ((64, 4, 1), (128, 4, 1)):
