@@ -196,12 +196,12 @@ def test_default_config_path_and_sizes(gen: torch.Generator) -> None:
 
 def test_default_config_choice() -> None:
     h200 = default_config(512, 128, 65536)
-    assert (h200.programs_per_row, h200.groups, h200.capacity) == (2, 2048, 1024)
+    assert (h200.programs_per_row, h200.groups, h200.capacity) == (4, 2048, 1024)
     assert default_config(2048, 128, 65536).programs_per_row == 1  # k above SPLIT_MAX_K
     assert default_config(2048, 128, 65536).groups == 8192
     assert default_config(512, 4096, 65536).programs_per_row == 1  # many rows
     assert default_config(512, 8, 4096).programs_per_row == 1  # narrow rows
-    assert default_config(512, 8, 8192).programs_per_row == 2
+    assert default_config(512, 8, 8192).programs_per_row == 2  # width-limited
     wide = default_config(512, 1, 1 << 20)
     assert (wide.programs_per_row, wide.groups) == (128, 16384)
     for k, rows, width in ((1, 1, 1), (2048, 128, 65536), (9000, 3, 1 << 20)):

@@ -92,9 +92,10 @@ register count (and cut the occupancy) of the kernel that holds it."""
 SCRATCH_BYTES = 64 << 20
 MIN_GROUPS = 1024
 MAX_GROUPS = 16384
-TARGET_PROGRAMS = 256
-"""Programs per launch that default_config aims for, ~2 per multiprocessor of an H200
-(measured at 128 x 65536, k 512: P = 2 58 us, P = 4 109 us, P = 1 103 us)."""
+TARGET_PROGRAMS = 512
+"""Programs per launch that default_config aims for, ~4 per multiprocessor of an H200.
+Measured at 128 x 65536, k 512, over five bench runs (BENCHMARKS.md): P = 4 67-124 us (68 in
+four runs), P = 2 58-129 us, P = 1 102-103 us; split launches vary between runs, P = 1 not."""
 SPLIT_MAX_K = 1024
 """Largest k that default_config splits rows for (measured at 128 x 65536, k 2048: P = 1
 76 us, P = 2 125 us, P = 4 163 us: the last arriver's floor search over 8192 group maxima
