@@ -702,8 +702,13 @@ def run(
 
 
 def main(args: argparse.Namespace) -> int:
-    """Entry point of `graphidx bench` (args.quick, args.out); 1 when a check failed."""
-    results = run(Path(args.out), quick=bool(getattr(args, "quick", False)))
+    """Entry point of `graphidx bench` (args.quick, args.sweep, args.out); 1 when a check
+    failed."""
+    results = run(
+        Path(args.out),
+        quick=bool(getattr(args, "quick", False)),
+        sweep=bool(getattr(args, "sweep", False)),
+    )
     return 1 if any(r.check.startswith("FAIL") for r in results) else 0
 
 

@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     cap.set_defaults(func=cmd_capture)
 
     bench = sub.add_parser("bench", help="kernels against the roofline (GPU)")
-    bench.add_argument("--quick", action="store_true")
+    bench.add_argument("--quick", action="store_true", help="1/4 of the keys and rows")
+    bench.add_argument("--sweep", action="store_true", help="also time tile-config grids")
     bench.add_argument("--out", default="graphidx-bench", help="folder for JSON + PNG")
     bench.set_defaults(func=cmd_bench)
     return parser
