@@ -24,6 +24,9 @@ ROWS, WIDTH = 128, 65536
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--once", action="store_true", help="one launch per config, no timing (for ncu)"
+    )
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -42,6 +45,8 @@ def main() -> int:
                 out.fill_(-1)
                 triton_topk.topk_per_row(logits, lengths, k, out, config=config)
                 picks.append(torch.sort(out, dim=1).values.cpu())
+                if args.once:
+                    break
                 times.append(time_us(
                     lambda out=out, config=config, k=k: triton_topk.topk_per_row(
                         logits, lengths, k, out, config=config
@@ -55,6 +60,8 @@ def main() -> int:
                 + f" us; picks identical across runs: {stable}",
                 flush=True,
             )
+        if args.once:
+            continue
         torch_times = [
             time_us(lambda k=k: torch.topk(logits, k, dim=1)) for _ in range(args.repeat)
         ]
