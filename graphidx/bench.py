@@ -503,6 +503,7 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
     decode_points: dict[int, list[tuple[Any, ...]]] = {
         # heads: LogitsConfig fields (block_n, block_r, num_warps, num_stages, max_registers,
         # programs_per_sm, prefetch)
+        # Each H64 point twice, interleaved: the run-to-run spread next to the difference.
         64: [(64, 2, 4, 1, 128), (64, 2, 4, 1, 128, 2, True), (64, 2, 4, 1, 128),
              (64, 2, 4, 1, 128, 2, True)],
         32: [(64, 2, 4, 1, None), (64, 2, 4, 1, None, 2, True)],

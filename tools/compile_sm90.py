@@ -1,6 +1,6 @@
 """Compile the logits kernels for sm_90 on a machine without a GPU and count their SASS.
 
-    python tools/compile_sm90.py [--case decode64 ...] [--out DIR] [--loop]
+    python tools/compile_sm90.py [--case decode64 ...] [--config F,F,...] [--out DIR]
 
 Device time is scarce; instruction counts are not. This runs the real launchers
 (`graphidx.ops.kernels.logits.paged_mqa_logits`) on small CPU tensors shaped like the H200
@@ -34,6 +34,7 @@ from graphidx.ops.kernels import gather as triton_gather
 from graphidx.ops.kernels import logits as triton_logits
 from graphidx.ops.kernels.gather import GatherConfig
 from graphidx.ops.kernels.logits import LogitsConfig
+from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
 
 HEAD_DIM = 128
 CASES = {
@@ -107,10 +108,16 @@ def compile_case(name: str, config: LogitsConfig | None = None) -> None:
         if prefill
         else {"next_n": next_n}
     )
-    triton_logits.paged_mqa_logits(
-        q, q_scale, kv, weights, context_lens, table, row_ends, out,
-        page_entries=page_entries, config=config, **grouping,  # type: ignore[arg-type]
-    )  # fmt: skip
+    schedules: list[torch.Tensor | None] = [None]
+    if not prefill:
+        built = allocate_schedule(count, keys, device)
+        build_decode_schedule(row_ends, built, next_n=next_n, backend="reference")
+        schedules.append(built)
+    for schedule in schedules:
+        triton_logits.paged_mqa_logits(
+            q, q_scale, kv, weights, context_lens, table, row_ends, out, schedule=schedule,
+            page_entries=page_entries, config=config, **grouping,
+        )  # fmt: skip
 
 
 def _tool(name: str) -> str:
@@ -118,22 +125,31 @@ def _tool(name: str) -> str:
 
 
 def hottest_loop(sass: str) -> list[str]:
-    """Instructions of the longest loop body (a backward BRA's target .. the branch)."""
+    """Instructions of the key-tile loop: the shortest loop body (a backward BRA's target ..
+    the branch) holding a tensor-core instruction, else the longest loop body."""
     lines = sass.splitlines()
     address = {}
     for index, line in enumerate(lines):
         found = re.match(r"\s*/\*([0-9a-f]{4,})\*/", line)
         if found:
             address[int(found.group(1), 16)] = index
-    best: tuple[int, int] = (0, 0)
+    loops = []
     for index, line in enumerate(lines):
         found = re.search(r"/\*([0-9a-f]{4,})\*/.*\bBRA\b.*?0x([0-9a-f]+)", line)
         if not found:
             continue
         here, target = int(found.group(1), 16), int(found.group(2), 16)
-        if target < here and target in address and index - address[target] > best[1] - best[0]:
-            best = (address[target], index + 1)
-    return lines[best[0] : best[1]]
+        if target < here and target in address:
+            loops.append((address[target], index + 1))
+    if not loops:
+        return []
+    with_mma = [(a, b) for a, b in loops if any("MMA" in line for line in lines[a:b])]
+    first, stop = (
+        min(with_mma, key=lambda loop: loop[1] - loop[0])
+        if with_mma
+        else max(loops, key=lambda loop: loop[1] - loop[0])
+    )
+    return lines[first:stop]
 
 
 def opcode_counts(lines: list[str]) -> collections.Counter[str]:
@@ -178,12 +194,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="keep TTGIR/PTX/SASS here")
     parser.add_argument(
         "--config",
-        help="LogitsConfig fields in order, comma-separated ints or 'none' (else the default)",
+        help="fields of the case's config in order (LogitsConfig, or GatherConfig for the "
+        "gather case), comma-separated ints or 'none' (else the default)",
     )
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target sm_90")
-    driver.set_active(_Sm90Driver())  # type: ignore[arg-type]
-    JITFunction.run = _compile_only  # type: ignore[method-assign]
+    driver.set_active(_Sm90Driver())
+    JITFunction.run = _compile_only
     kernels = [
         triton_logits._logits_static_kernel,
         triton_logits._logits_scheduled_kernel,

@@ -5,9 +5,10 @@ shapes are small. On a GPU machine the tests in `GPU_READY` run the kernels on t
 (inputs copied there, the reference on the CPU): they cover the code only the GPU compiles
 (bf16 operands, packed-bf16 key decode); the others build CPU tensors and are skipped there.
 Outputs are poisoned (NaN, or a sentinel int) before each call; the paged
-cache has shuffled pages, a page stride wider than a page, and 0xFF in every byte no kernel
-should read (0xFF scales decode to NaN, so a stray read shows up as NaN in a compared column,
-and block-table entries past a seq's pages point outside the cache).
+cache has shuffled pages, a page stride wider than a page, and 0xFF in every unwritten byte
+(0xFF scales decode to NaN, so a stray read that reaches a compared column shows up as NaN,
+and block-table entries past a seq's pages point outside the cache). Unwritten slots of a
+live page may be read on purpose (the prefetch's partial tile) but are never written out.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ GPU_READY = {
     "test_dense_extreme_scales",
     "test_dense_logits_mma_shaped_tile_loads",
     "test_bf16x2_key_decode_is_exact",
+    "test_bf16x2_decode_matches_float32_decode_on_gpu",
+    "test_gather_logits_match_reference",
+    "test_dense_prefill_mma_shaped_tile_loads",
+    "test_logits_config_refused",
 }
 
 
@@ -46,8 +51,38 @@ def on_triton_device(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]
     return [None if t is None else t.to(TRITON_DEVICE) for t in tensors]
 
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from graphidx.ops.kernels.mxfp4_tl import (  # noqa: E402
+    bf16x2_pair_bits,
+    dequantize_keys_bf16x2,
+    dequantize_tile,
+)
 from graphidx.ops.kernels.topk import TopkConfig  # noqa: E402
 from graphidx.ops.kernels.topk import topk_per_row as triton_topk_per_row  # noqa: E402
+
+
+@triton.jit
+def _pair_bits_kernel(bytes_ptr, scales_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    pair, low, high = bf16x2_pair_bits(tl.load(bytes_ptr + i), tl.load(scales_ptr + i))
+    tl.store(out_ptr + i, pair)
+    tl.store(out_ptr + N + i, low)
+    tl.store(out_ptr + 2 * N + i, high)
+
+
+@triton.jit
+def _both_decodes_kernel(values_ptr, scales_ptr, bf16x2_ptr, float32_ptr):
+    row = tl.arange(0, 1024)[:, None, None, None]
+    j = tl.arange(0, 16)[None, None, :, None]
+    run = tl.arange(0, 4)[None, None, None, :]
+    values = tl.load(values_ptr + row * 64 + j * 4 + run)
+    scales = tl.load(scales_ptr + row * 4 + run)
+    out = tl.arange(0, 1024)[:, None] * 128 + tl.arange(0, 128)[None, :]
+    tl.store(bf16x2_ptr + out, dequantize_keys_bf16x2(values, scales).to(tl.float32))
+    tl.store(float32_ptr + out, dequantize_tile(values, scales))
+
 
 NAN = float("nan")
 NEG_INF = float("-inf")
@@ -163,6 +198,7 @@ def run_dense(
     block_cols: int = 0,
     clean: bool = False,
     schedule: torch.Tensor | None = None,
+    config: object | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     q, q_scale, weights = queries
     out = torch.full((q.shape[0], width), NAN)
@@ -173,6 +209,13 @@ def run_dense(
         out, block_scores, schedule = on_triton_device(out, block_scores, schedule)
         extra = {k: v.to(TRITON_DEVICE) if isinstance(v, torch.Tensor) else v
                  for k, v in extra.items()}  # fmt: skip
+    if config is not None:
+        from graphidx.ops.kernels.logits import paged_mqa_logits as triton_logits
+
+        triton_logits(*args, out, schedule=schedule, block_scores=block_scores,  # type: ignore
+                      candidate_block_size=block_size, clean=clean,
+                      page_entries=cache.page_entries, config=config, **extra)  # fmt: skip
+        return out.cpu(), None if block_scores is None else block_scores.cpu()
     ops.paged_mqa_logits(
         *args,
         out,
@@ -296,9 +339,11 @@ def test_dense_nan_scale_propagates(gen: torch.Generator) -> None:
 
 
 def test_dense_extreme_scales(gen: torch.Generator) -> None:
-    """Scale bytes at both ends of e8m0: keys of 2**-127 and 2**-126 (subnormal in float32
-    and bf16) against queries of 2**125, keys of 2**125 against queries of 2**-125. Every
-    product stays a normal float32, so kernel and reference must agree."""
+    """Scale bytes at both ends of e8m0, per 32-element block: keys scaled 2**-127 / 2**-126
+    (their elements below 2**-126 are subnormal in float32 and bf16) against queries scaled
+    2**125; keys of 2**125 against queries of 2**-125 / 2**-124; queries of 2**-127 /
+    2**-126 against keys of 2**125. Every product stays a normal float32, so kernel and
+    reference must agree."""
     heads, head_dim, page_entries = 4, 128, 64
     contexts = [150, 70]
     cache = make_cache(gen, contexts, num_heads=heads, head_dim=head_dim, page_entries=page_entries)
@@ -312,10 +357,12 @@ def test_dense_extreme_scales(gen: torch.Generator) -> None:
             tiny = torch.randint(0, 2, (page_entries,), generator=gen).to(torch.uint8)
             page[scale_offsets[:, 0].long()] = tiny  # block 0: 2**-127 or 2**-126
             page[scale_offsets[:, 1].long()] = 252  # block 1: 2**125
+            page[scale_offsets[:, 2].long()] = 252  # block 2: 2**125
     rows = 4
     q, q_scale, weights = make_queries(gen, rows, heads, head_dim)
     q_scale[:, :, 0] = 252
     q_scale[:, :, 1] = torch.randint(2, 4, (rows, heads), generator=gen).to(torch.uint8)
+    q_scale[:, :, 2] = torch.randint(0, 2, (rows, heads), generator=gen).to(torch.uint8)
     row_ends = torch.tensor([150, 149, 70, 69], dtype=torch.int32)
     extra = {"next_n": 2}
     want, _ = run_dense("reference", cache, (q, q_scale, weights), row_ends, 160, extra)
@@ -327,7 +374,12 @@ def test_dense_extreme_scales(gen: torch.Generator) -> None:
 
 @pytest.mark.parametrize(
     ("block_n", "page_entries", "heads", "head_dim", "prefetch"),
-    [(64, 64, 4, 128, False), (64, 128, 8, 64, True), (128, 128, 4, 256, False)],
+    [
+        (64, 64, 4, 128, False),
+        (64, 64, 4, 128, True),  # a seq's span ends on a page boundary: the prefetch clamp
+        (64, 128, 8, 64, True),
+        (128, 128, 4, 256, False),
+    ],
 )
 def test_dense_logits_mma_shaped_tile_loads(
     gen: torch.Generator,
@@ -340,10 +392,16 @@ def test_dense_logits_mma_shaped_tile_loads(
     """4 warps and one page per tile: keys load straight in the tensor-core operand's thread
     layout (`key_tile_bytes_mma`), full tiles and masked tails alike, with and without the
     register prefetch."""
-    from graphidx.ops.kernels.logits import LogitsConfig
+    from graphidx.ops.kernels.logits import LogitsConfig, uses_mma_rows
     from graphidx.ops.kernels.logits import paged_mqa_logits as triton_logits
 
-    next_n, contexts, width = 2, [block_n * 2 + 37, block_n, 5], block_n * 3
+    config = LogitsConfig(
+        block_n=block_n, block_r=2, num_warps=4, num_stages=1 if prefetch else 2,
+        prefetch=prefetch,
+    )  # fmt: skip
+    assert uses_mma_rows(config, page_entries)
+    # Spans: two full tiles and a partial one; exactly one page; a partial first tile.
+    next_n, contexts, width = 2, [block_n * 2 + 37, page_entries, 5], block_n * 3
     rows = next_n * len(contexts)
     cache = make_cache(gen, contexts, num_heads=heads, head_dim=head_dim, page_entries=page_entries)
     q, q_scale, weights = make_queries(gen, rows, heads, head_dim)
@@ -360,11 +418,7 @@ def test_dense_logits_mma_shaped_tile_loads(
     )  # fmt: skip
     triton_logits(
         *args, got, next_n=next_n, page_entries=cache.page_entries,  # type: ignore[arg-type]
-        block_scores=got_bs, candidate_block_size=16,
-        config=LogitsConfig(
-            block_n=block_n, block_r=2, num_warps=4, num_stages=1 if prefetch else 2,
-            prefetch=prefetch,
-        ),
+        block_scores=got_bs, candidate_block_size=16, config=config,
     )  # fmt: skip
     assert got is not None and got_bs is not None
     got, got_bs = got.cpu(), got_bs.cpu()
@@ -375,35 +429,95 @@ def test_dense_logits_mma_shaped_tile_loads(
         assert_logits_match(got_bs[r, :written], want_bs[r, :written])
 
 
-def test_bf16x2_key_decode_is_exact() -> None:
-    """The bit recipe of `dequantize_keys_bf16x2` (GPU-only PTX) replayed in torch bf16: every
-    value byte under every scale byte equals e2m1 * 2**(E - 127) in float64 (NaN at E = 255,
-    inf where float32 overflows). Each bf16 multiply of the recipe is by a power of two, so
-    torch's rounding and fma.rn.bf16x2's agree."""
-    from graphidx.mxfp4.format import E2M1_VALUES
-    from graphidx.ops.kernels.mxfp4_tl import BF16_PAIR_MAGNITUDES, BF16_PAIR_SIGNS
+def test_dense_prefill_mma_shaped_tile_loads(gen: torch.Generator) -> None:
+    """Prefill row blocks (query_start_loc, seqs of 5 / 0 / 9 rows) through the operand-layout
+    loads: unaligned seq heads, causal ends inside and on tile boundaries."""
+    from graphidx.ops.kernels.logits import LogitsConfig, uses_mma_rows
 
-    byte = torch.arange(256, dtype=torch.int64)[:, None]
-    scale = torch.arange(256, dtype=torch.int64)[None, :]
-    multiply, mask = BF16_PAIR_MAGNITUDES.value
-    sign_multiply, sign_mask = BF16_PAIR_SIGNS.value
-    pair = ((byte * multiply) & mask) | ((byte * sign_multiply) & (sign_mask & 0xFFFFFFFF))
-    shift = scale - 1
-    low = shift >> 1
-    low_factor = ((low + 127) << 7).expand(256, 256)
-    high_factor = torch.where(scale == 255, 0x7FC0, (shift - low + 127) << 7).expand(256, 256)
+    config = LogitsConfig(block_n=64, block_r=4, num_warps=4, num_stages=1, max_registers=None)
+    assert uses_mma_rows(config, 64)
+    rows, _, extra = grouping("qsl", [5, 0, 9])
+    contexts = [131, 40, 192]
+    cache = make_cache(gen, contexts, num_heads=4, head_dim=128, page_entries=64)
+    queries = make_queries(gen, rows, 4, 128)
+    seqs = seq_of_rows("qsl", [5, 0, 9], rows)
+    row_ends = torch.tensor(
+        [contexts[s] - (rows - 1 - r) % 7 for r, s in enumerate(seqs)], dtype=torch.int32
+    )
+    want, _ = run_dense("reference", cache, queries, row_ends, 200, extra)
+    got, _ = run_dense("triton", cache, queries, row_ends, 200, extra, config=config)
+    assert_logits_match(got, want)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("block_n", 48),
+        ("block_r", 3),
+        ("num_warps", 2),
+        ("num_stages", 0),
+        ("programs_per_sm", 0),
+        ("max_registers", 300),
+        ("prefetch", True),  # block_n 64 does not divide page_entries 32
+    ],
+)
+def test_logits_config_refused(gen: torch.Generator, field: str, value: object) -> None:
+    """A config the kernels cannot run raises ValueError naming the field, before launch."""
+    from dataclasses import replace
+
+    from graphidx.ops.kernels.logits import LogitsConfig
+
+    config = replace(LogitsConfig(block_n=64, block_r=2, num_warps=4, num_stages=1),
+                     **{field: value})  # fmt: skip
+    cache = make_cache(gen, [40], num_heads=4, head_dim=64, page_entries=32)
+    queries = make_queries(gen, 2, 4, 64)
+    row_ends = torch.tensor([40, 39], dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"config.{field}"):
+        run_dense("triton", cache, queries, row_ends, 48, {"next_n": 2}, config=config)
+
+
+def test_bf16x2_key_decode_is_exact() -> None:
+    """The integer half of `dequantize_keys_bf16x2` (`bf16x2_pair_bits`, run as a kernel) and
+    its two bf16 multiplies (replayed in torch: each is by a power of two, so torch's rounding
+    and fma.rn.bf16x2's agree) give e2m1 * 2**(E - 127) for every value byte under every
+    scale byte, as float64 math does (NaN at E = 255, inf where float32 overflows)."""
+    from graphidx.mxfp4.format import E2M1_VALUES
+
+    byte = torch.arange(256, dtype=torch.int32).repeat_interleave(256)
+    scale = torch.arange(256, dtype=torch.int32).repeat(256)
+    out = torch.empty(3 * 65536, dtype=torch.int32, device=TRITON_DEVICE)
+    _pair_bits_kernel[(1,)](byte.to(TRITON_DEVICE), scale.to(TRITON_DEVICE), out, N=65536)
+    pair, low_factors, high_factors = out.cpu().view(3, 65536).long()
 
     def as_bf16(bits: torch.Tensor) -> torch.Tensor:
         return (bits & 0xFFFF).to(torch.int32).to(torch.int16).view(torch.bfloat16)
 
-    code = torch.tensor([v for v in E2M1_VALUES] + [-v for v in E2M1_VALUES], dtype=torch.float64)
-    for half, nibble in ((pair, byte & 0xF), (pair >> 16, byte >> 4)):
-        got = (as_bf16(half) * as_bf16(low_factor)) * as_bf16(high_factor)
-        want = (code[nibble] * torch.pow(2.0, (scale - 127).double())).float()
+    codes = [*E2M1_VALUES, *(-v for v in E2M1_VALUES)]
+    code = torch.tensor(codes, dtype=torch.float64)
+    for half, nibble in ((0, byte & 0xF), (16, byte >> 4)):
+        value = as_bf16(pair >> half) * as_bf16(low_factors >> half)
+        got = (value * as_bf16(high_factors >> half)).float()
+        want = (code[nibble.long()] * torch.pow(2.0, (scale - 127).double())).float()
         want = torch.where(scale == 255, float("nan"), want)
-        assert torch.equal(got.float().isnan(), want.isnan())
-        finite = ~want.isnan()
-        assert torch.equal(got.float()[finite], want[finite])
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got[~want.isnan()], want[~want.isnan()])
+
+
+@pytest.mark.skipif(INTERPRETED, reason="inline PTX: NVIDIA GPUs only")
+def test_bf16x2_decode_matches_float32_decode_on_gpu() -> None:
+    """`dequantize_keys_bf16x2` (PTX) and `dequantize_tile` (float32) decode every value byte
+    under every scale byte to the same numbers on the GPU (rows of 4 runs of 16 bytes, each
+    run under one scale: 1024 rows cover all 65536 pairs)."""
+    device = torch.device(TRITON_DEVICE)
+    row = torch.arange(1024)[:, None, None, None]
+    run, j = torch.arange(4)[None, None, None, :], torch.arange(16)[None, None, :, None]
+    values = ((row % 4) * 64 + run * 16 + j).to(torch.int32).to(device)  # [1024, 1, 16, 4]
+    scales = (row // 4 + 0 * run).to(torch.int32).to(device)  # [1024, 1, 1, 4]
+    got = torch.empty(1024, 128, dtype=torch.float32, device=device)
+    want = torch.empty_like(got)
+    _both_decodes_kernel[(1,)](values, scales, got, want)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()])
 
 
 # ---------------------------------------------------------------------------------------
@@ -489,14 +603,20 @@ def test_gather_logits_match_reference(
     width = pool_blocks * size + 3
     outs = []
     for backend in ("reference", "triton"):
-        q, q_scale, weights = queries
-        out = torch.full((rows, width), NAN)
+        args = [*queries, cache.kv_cache, cache.context_lens, cache.block_table, positions,
+                live, torch.full((rows, width), NAN)]  # fmt: skip
+        kwargs = dict(extra)
+        if backend == "triton":
+            args = on_triton_device(*args)  # type: ignore[assignment]
+            kwargs = {k: v.to(TRITON_DEVICE) if isinstance(v, torch.Tensor) else v
+                      for k, v in kwargs.items()}  # fmt: skip
+        q, q_scale, weights, kv_cache, context_lens, block_table, pos, live_cols, out = args
         ops.gather_mqa_logits(
-            q, q_scale, cache.kv_cache, weights, cache.context_lens, cache.block_table,
-            positions, live, out, candidate_block_size=size, clean=clean,
-            page_entries=cache.page_entries, backend=backend, **extra,
+            q, q_scale, kv_cache, weights, context_lens, block_table, pos, live_cols, out,
+            candidate_block_size=size, clean=clean, page_entries=cache.page_entries,
+            backend=backend, **kwargs,  # type: ignore[arg-type]
         )  # fmt: skip
-        outs.append(out)
+        outs.append(out.cpu())
     assert_logits_match(outs[1], outs[0])
     assert bool((outs[1][-1, pool_blocks * size :] == NEG_INF).all())
 

@@ -23,7 +23,12 @@ import triton.language as tl
 
 from graphidx.config import cdiv
 from graphidx.mxfp4 import cache_layout
-from graphidx.ops.kernels import OPERANDS_FP32, next_power_of_2, operand_mode
+from graphidx.ops.kernels import (
+    OPERANDS_FP32,
+    next_power_of_2,
+    operand_mode,
+    require_bf16_tensor_cores,
+)
 from graphidx.ops.kernels.mxfp4_tl import (
     decode_key_tile,
     key_tile_bytes,
@@ -224,6 +229,7 @@ def gather_mqa_logits(
         grouping, rows_per_seq = 0, 1 if next_n is None else next_n
         num_seqs = rows // rows_per_seq
     sub, run = tile_split(head_dim)
+    require_bf16_tensor_cores(q.device)
     cfg = config or default_config(candidate_block_size)
     if rows == 0 or out_width == 0:
         return

@@ -16,9 +16,10 @@ those columns afterwards.
 
 Row groups and grids (all decided by shapes, never by device values):
 - native decode (`next_n`) / flattened: a seq's next_n rows (one row when flattened) form
-  one group, or cdiv(next_n, BLOCK_R) groups of BLOCK_R rows when next_n * heads would
-  exceed N = 256. Static grid (groups, cdiv(W, SPLIT)): program (g, i) scores keys
-  [i * SPLIT, +SPLIT) and exits at once past the group's span. With a `schedule`
+  one group, or cdiv(next_n, BLOCK_R) groups of BLOCK_R rows when next_n exceeds BLOCK_R
+  (N = BLOCK_R * heads_pad <= 128 columns by default). Static grid (groups, cdiv(W,
+  SPLIT)): program (g, i) scores keys [i * SPLIT, +SPLIT) and exits at once past the
+  group's span. With a `schedule`
   (graphidx.ops.schedule) a persistent grid of `multiprocessor_count * programs_per_sm`
   programs walks the schedule's (seq, key_start, key_end) items instead (every row block
   of the seq), so one long request is split across the GPU.
@@ -46,6 +47,7 @@ from graphidx.ops.kernels import (
     multiprocessor_count,
     next_power_of_2,
     operand_mode,
+    require_bf16_tensor_cores,
 )
 from graphidx.ops.kernels.mxfp4_tl import (
     decode_key_tile,
@@ -85,13 +87,11 @@ MIN_MMA_COLUMNS = 16  # tl.dot needs N >= 16
 
 @dataclass(frozen=True)
 class LogitsConfig:
-    """Tile shape and launch parameters of one dense-logits launch (chosen from shapes).
+    """Tile shape and launch parameters of one dense-logits launch (chosen from shapes;
+    `check_config` says which values are accepted).
 
-    num_stages 1 turns Triton's shared-memory pipelining off; the kernel then prefetches the
-    next tile's raw bytes into registers itself (one tile ahead). max_registers caps the
-    registers per thread (None: the compiler's choice), trading spills for resident programs.
-    The kernel loads keys straight in the tensor-core operand layout when num_warps is 4 and
-    block_n is a multiple of 64 that divides page_entries (`key_tile_bytes_mma`).
+    num_stages 1 turns Triton's shared-memory pipelining of the key loads off. The kernel
+    loads keys straight in the tensor-core operand layout when `uses_mma_rows` holds.
     """
 
     block_n: int
@@ -99,13 +99,57 @@ class LogitsConfig:
     num_warps: int
     num_stages: int
     max_registers: int | None = None
+    """Cap on registers per thread (Triton's maxnreg, NVIDIA only; None: the compiler's
+    choice): trades spills for resident programs."""
     programs_per_sm: int = 2
+    """Persistent programs per multiprocessor of the scheduled decode grid."""
     prefetch: bool = False
     """Load the next tile's bytes into registers while the current tile is processed (meant
     for num_stages 1, where Triton does not pipeline the loads itself). Needs tiles within
     one page (page_entries % block_n == 0): a partial last tile then reads its page's
     remaining slots, which are allocated, and never writes them out."""
-    """Persistent programs per multiprocessor of the scheduled decode grid."""
+
+
+def uses_mma_rows(config: LogitsConfig, page_entries: int) -> bool:
+    """Whether key tiles load in the 4-warp tensor-core operand layout
+    (`key_tile_bytes_mma`): one warpgroup, 64-key multiples lying in one page, not ROCm
+    (64-lane wavefronts break the lane mapping; the interpreter keeps it, for the tests)."""
+    return (
+        config.num_warps == 4
+        and config.block_n % 64 == 0
+        and page_entries % config.block_n == 0
+        and torch.version.hip is None
+    )
+
+
+def check_config(config: LogitsConfig, page_entries: int) -> None:
+    """ValueError naming the first field of `config` the kernels cannot run."""
+    if config.block_n & (config.block_n - 1) or not 16 <= config.block_n <= SPLIT_ALIGNMENT:
+        # Key ranges start on multiples of SPLIT_ALIGNMENT: a tile never straddles two.
+        raise ValueError(
+            f"config.block_n must be a power of two in [16, {SPLIT_ALIGNMENT}], "
+            f"got {config.block_n}"
+        )
+    if config.block_r < 1 or config.block_r & (config.block_r - 1):
+        raise ValueError(f"config.block_r must be a power of two, got {config.block_r}")
+    if config.num_warps not in (4, 8):
+        raise ValueError(f"config.num_warps must be 4 or 8, got {config.num_warps}")
+    if config.num_stages < 1:
+        raise ValueError(f"config.num_stages must be >= 1, got {config.num_stages}")
+    if config.programs_per_sm < 1:
+        raise ValueError(f"config.programs_per_sm must be >= 1, got {config.programs_per_sm}")
+    if config.max_registers is not None:
+        if not 24 <= config.max_registers <= 255:
+            raise ValueError(
+                f"config.max_registers must be in [24, 255] or None, got {config.max_registers}"
+            )
+        if operand_mode() != OPERANDS_BF16X2:
+            raise ValueError("config.max_registers is an NVIDIA GPU option (Triton's maxnreg)")
+    if config.prefetch and page_entries % config.block_n:
+        raise ValueError(
+            f"config.prefetch needs block_n ({config.block_n}) to divide page_entries "
+            f"({page_entries})"
+        )
 
 
 def default_config(
@@ -117,9 +161,10 @@ def default_config(
 ) -> LogitsConfig:
     """Shape-only config, from the H200 sweeps in BENCHMARKS.md: one warpgroup (4 warps) over
     64 keys and N = block_r * heads_pad <= 128 columns, no shared-memory pipelining
-    (num_stages 1), keys loaded in the operand layout (`key_tile_bytes_mma`, when a tile lies
-    in one page). Decode prefetches the next tile in registers and caps wide tiles at 128
-    registers (4 resident programs per SM); prefill caps at 168 (3 programs).
+    (num_stages 1), keys loaded in the operand layout (`uses_mma_rows`). Decode prefetches
+    the next tile in registers when page_entries % block_n == 0; on NVIDIA, 64-key tiles are
+    capped at 128 registers in decode at N = 128 (4 resident programs per SM) and at 168 in
+    prefill (3 programs).
 
     Never depends on lengths, so a graph captured at one step replays at any other.
     """
@@ -139,8 +184,9 @@ def default_config(
     else:
         max_registers = 128 if columns >= 128 else None
         prefetch = one_page
-    if operand_mode() != OPERANDS_BF16X2:
-        max_registers = None  # the caps were measured on sm_90 (and maxnreg is NVIDIA's)
+    if operand_mode() != OPERANDS_BF16X2 or block_n != 64:
+        # Measured on sm_90 at 64 keys (maxnreg is NVIDIA's); wider tiles need their registers.
+        max_registers = None
     return LogitsConfig(
         block_n=block_n,
         block_r=block_r,
@@ -245,57 +291,88 @@ def _score_group(
         queries_t = mma_operand(tl.trans(queries), OPERANDS)
         weights = tl.load(w_ptr + q_row.to(tl.int64) * w_row_stride + q_head, mask=q_ok, other=0.0)
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
-        full_stop = key_start + (key_stop - key_start) // BLOCK_N * BLOCK_N
-        tile_args = (
-            row,
-            row_len,
-            queries_t,
-            weights,
-            out_ptr,
-            bs_ptr,
-            out_row_stride,
-            bs_row_stride,
+        _walk_tiles(
+            key_start, key_stop, row, row_len, queries_t, weights, out_ptr, bs_ptr,
+            out_row_stride, bs_row_stride, kv_ptr, block_row, page_stride,
+            HP, D, SUB, RUN, E, NPT, LANES, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
+            MMA_ROWS, PREFETCH,
+        )  # fmt: skip
+
+
+@triton.jit
+def _walk_tiles(
+    key_start,
+    key_stop,
+    row,
+    row_len,
+    queries_t,
+    weights,
+    out_ptr,
+    bs_ptr,
+    out_row_stride,
+    bs_row_stride,
+    kv_ptr,
+    block_row,
+    page_stride,
+    HP: tl.constexpr,
+    D: tl.constexpr,
+    SUB: tl.constexpr,
+    RUN: tl.constexpr,
+    E: tl.constexpr,
+    NPT: tl.constexpr,
+    LANES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BLOCK_SCORES: tl.constexpr,
+    C: tl.constexpr,
+    OPERANDS: tl.constexpr,
+    MMA_ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    """Score one row group's keys [key_start, key_stop) (key_start < key_stop, a multiple of
+    BLOCK_N) tile by tile: full tiles unmasked, then the partial tail."""
+    full_stop = key_start + (key_stop - key_start) // BLOCK_N * BLOCK_N
+    tile_args = (row, row_len, queries_t, weights, out_ptr, bs_ptr, out_row_stride, bs_row_stride)
+    fetch_args = (kv_ptr, block_row, page_stride)
+    if PREFETCH:
+        # One tile ahead in registers: the next tile's loads are in flight while this one
+        # decodes and multiplies. Fetches are unmasked (cheaper) and never start past the
+        # last tile holding a live key: a partial tile reads the rest of its page (never
+        # written out), the fetch after the last tile repeats it.
+        last_start = key_start + (key_stop - 1 - key_start) // BLOCK_N * BLOCK_N
+        values, scales = _fetch_tile(
+            key_start, key_stop, *fetch_args, D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False
         )
-        fetch_args = (kv_ptr, block_row, page_stride)
-        if PREFETCH:
-            # One tile ahead in registers: the next tile's loads are in flight while this one
-            # decodes and multiplies. Fetches are unmasked (cheaper) and never start past the
-            # last tile holding a live key: a partial tile reads the rest of its page (never
-            # written out), the fetch after the last tile repeats it.
-            last_start = key_start + (key_stop - 1 - key_start) // BLOCK_N * BLOCK_N
-            values, scales = _fetch_tile(
-                key_start, key_stop, *fetch_args,
+        for tile_start in range(key_start, full_stop, BLOCK_N):
+            next_values, next_scales = _fetch_tile(
+                tl.minimum(tile_start + BLOCK_N, last_start), key_stop, *fetch_args,
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
             )  # fmt: skip
-            for tile_start in range(key_start, full_stop, BLOCK_N):
-                next_values, next_scales = _fetch_tile(
-                    tl.minimum(tile_start + BLOCK_N, last_start), key_stop, *fetch_args,
-                    D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
-                )  # fmt: skip
-                _score_tile(
-                    tile_start, decode_key_tile(values, scales, OPERANDS), *tile_args,
-                    HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
-                )  # fmt: skip
-                values, scales = next_values, next_scales
-        else:
-            for tile_start in range(key_start, full_stop, BLOCK_N):
-                values, scales = _fetch_tile(
-                    tile_start, key_stop, *fetch_args,
-                    D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
-                )  # fmt: skip
-                _score_tile(
-                    tile_start, decode_key_tile(values, scales, OPERANDS), *tile_args,
-                    HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
-                )  # fmt: skip
+            keys = decode_key_tile(values, scales, OPERANDS)
+            _score_tile(tile_start, keys, *tile_args,
+                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+            values, scales = next_values, next_scales
+        if full_stop < key_stop:  # the tail tile, already fetched
+            keys = decode_key_tile(values, scales, OPERANDS)
+            _score_tile(full_stop, keys, *tile_args,
+                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+    else:
+        for tile_start in range(key_start, full_stop, BLOCK_N):
+            values, scales = _fetch_tile(
+                tile_start, key_stop, *fetch_args,
+                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
+            )  # fmt: skip
+            keys = decode_key_tile(values, scales, OPERANDS)
+            _score_tile(tile_start, keys, *tile_args,
+                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+        if full_stop < key_stop:
             values, scales = _fetch_tile(
                 full_stop, key_stop, *fetch_args,
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, True,
             )  # fmt: skip
-        if full_stop < key_stop:
-            _score_tile(
-                full_stop, decode_key_tile(values, scales, OPERANDS), *tile_args,
-                HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
-            )  # fmt: skip
+            keys = decode_key_tile(values, scales, OPERANDS)
+            _score_tile(full_stop, keys, *tile_args,
+                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
 
 
 @triton.jit
@@ -695,20 +772,10 @@ def paged_mqa_logits(
     heads_pad = max(next_power_of_2(num_heads), MIN_MMA_COLUMNS)
     size = candidate_block_size if block_scores is not None else 1
     cfg = config or default_config(grouping, heads_pad, rows_per_seq, size, layout.page_entries)
-    if cfg.block_n & (cfg.block_n - 1) or not 16 <= cfg.block_n <= SPLIT_ALIGNMENT:
-        # Key ranges start on multiples of SPLIT_ALIGNMENT: a tile never straddles two.
-        raise ValueError(
-            f"config.block_n must be a power of two in [16, {SPLIT_ALIGNMENT}], got {cfg.block_n}"
-        )
-    if cfg.block_r < 1 or cfg.block_r & (cfg.block_r - 1):
-        raise ValueError(f"config.block_r must be a power of two, got {cfg.block_r}")
+    check_config(cfg, layout.page_entries)
+    require_bf16_tensor_cores(q.device)
     if block_scores is not None:
         _check_block_size(candidate_block_size, cfg.block_n)
-    if cfg.prefetch and layout.page_entries % cfg.block_n:
-        raise ValueError(
-            f"config.prefetch needs block_n ({cfg.block_n}) to divide page_entries "
-            f"({layout.page_entries})"
-        )
     if rows == 0:
         return
 
@@ -728,9 +795,7 @@ def paged_mqa_logits(
         HAS_BLOCK_SCORES=block_scores is not None,
         C=size,
         OPERANDS=operand_mode(),
-        MMA_ROWS=cfg.num_warps == 4
-        and cfg.block_n % 64 == 0
-        and layout.page_entries % cfg.block_n == 0,
+        MMA_ROWS=uses_mma_rows(cfg, layout.page_entries),
         PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -780,4 +845,10 @@ def paged_mqa_logits(
         )  # fmt: skip
 
 
-__all__ = ["LogitsConfig", "default_config", "paged_mqa_logits"]
+__all__ = [
+    "LogitsConfig",
+    "check_config",
+    "default_config",
+    "paged_mqa_logits",
+    "uses_mma_rows",
+]

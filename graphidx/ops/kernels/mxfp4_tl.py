@@ -36,17 +36,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-import graphidx.ops.kernels as operand_modes
+from graphidx.ops.kernels import OPERANDS_BF16X2 as _BF16X2_MODE
+from graphidx.ops.kernels import OPERANDS_FP32 as _FP32_MODE
 
 FP16_CODE_FACTOR = tl.constexpr(float(2**14))
 """Undoes the `2**-14` of an e2m1 code read as an fp16 (see the module docstring)."""
 
+FP16_PAIR_MAGNITUDES = tl.constexpr((0x00200200, 0x0E000E00))
+"""(multiplier, mask) placing a byte's two 3-bit e2m1 magnitudes at fp16 bits 9..11, 25..27."""
 BF16_PAIR_MAGNITUDES = tl.constexpr((0x00040040, 0x01C001C0))
 """(multiplier, mask) placing a byte's two 3-bit e2m1 magnitudes at bf16 bits 6..8, 22..24."""
-BF16_PAIR_SIGNS = tl.constexpr((0x01001000, -0x7FFF8000))
-"""(multiplier, mask) placing a byte's two sign bits at bf16 bits 15 and 31 (0x80008000)."""
-OPERANDS_FP32 = tl.constexpr(operand_modes.OPERANDS_FP32)
-OPERANDS_BF16X2 = tl.constexpr(operand_modes.OPERANDS_BF16X2)
+PAIR_SIGNS = tl.constexpr((0x01001000, -0x7FFF8000))
+"""(multiplier, mask) placing a byte's two sign bits at bits 15 and 31 (0x80008000): the
+sign of both halves of an fp16 or a bf16 pair."""
+FP32_OPERANDS = tl.constexpr(_FP32_MODE)
+BF16X2_OPERANDS = tl.constexpr(_BF16X2_MODE)
+"""graphidx.ops.kernels.OPERANDS_FP32 / OPERANDS_BF16X2 as constexprs for the kernels."""
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
@@ -87,14 +92,35 @@ def dequantize_tile(value_bytes, scale_bytes):
     # byte b = s1 m1 s0 m0 (m: 3 bits), b * (2**9 + 2**21) is a sum of copies of its fields
     # at disjoint bit ranges (no carries) that puts m0 at bits 9..11 and m1 at 25..27 of an
     # fp16 pair; b * (2**12 + 2**24) puts s0 at bit 15 and s1 at bit 31. Masks keep those.
-    magnitudes = (value_bytes * 0x00200200) & 0x0E000E00
-    signs = (value_bytes * 0x01001000) & -0x7FFF8000  # 0x80008000 as int32
+    magnitudes = (value_bytes * FP16_PAIR_MAGNITUDES[0]) & FP16_PAIR_MAGNITUDES[1]
+    signs = (value_bytes * PAIR_SIGNS[0]) & PAIR_SIGNS[1]
     pair = magnitudes | signs
     low = pair.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     high = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     factor = e8m0_factor(scale_bytes)
     pairs = tl.join((low * FP16_CODE_FACTOR) * factor, (high * FP16_CODE_FACTOR) * factor)
     return tl.reshape(pairs, [rows, sub * run * 8])
+
+
+@triton.jit
+def bf16x2_pair_bits(value_bytes, scale_bytes):
+    """The integer half of `dequantize_keys_bf16x2` (the part the interpreter can run):
+    int32 (pair, low factors, high factors), element-wise over value bytes and their scale
+    bytes. `pair` holds a byte's two codes as a bf16 pair reading `value * 2**-126`; the
+    factors are bf16 pairs of powers of two whose product is `2**(E - 1)` (NaN at E = 255).
+    """
+    # A byte b = s1 m1 s0 m0 times (2**6 + 2**18) puts m0 at bits 6..8 and m1 at 22..24, times
+    # (2**12 + 2**24) puts s0 at bit 15 and s1 at bit 31 (copies never overlap, so no carries):
+    # a bf16 pair whose exponent fields are the codes' `ee`, each element `value * 2**-126`.
+    magnitudes = (value_bytes * BF16_PAIR_MAGNITUDES[0]) & BF16_PAIR_MAGNITUDES[1]
+    signs = (value_bytes * PAIR_SIGNS[0]) & PAIR_SIGNS[1]
+    # Scale by 2**(E - 1) = 2**low * 2**high, low = floor((E - 1) / 2) in [-1, 126], high in
+    # [0, 127]: both factors are normal bf16, and the intermediate (>= 2**-128) stays exact.
+    shift = scale_bytes - 1
+    low = shift >> 1
+    low_bits = (low + 127) << 7
+    high_bits = tl.where(scale_bytes == 255, 0x7FC0, (shift - low + 127) << 7)
+    return magnitudes | signs, low_bits | (low_bits << 16), high_bits | (high_bits << 16)
 
 
 @triton.jit
@@ -107,23 +133,12 @@ def dequantize_keys_bf16x2(value_bytes, scale_bytes):
     rows: tl.constexpr = value_bytes.shape[0]
     sub: tl.constexpr = value_bytes.shape[1]
     run: tl.constexpr = value_bytes.shape[2]
-    # A byte b = s1 m1 s0 m0 times (2**6 + 2**18) puts m0 at bits 6..8 and m1 at 22..24, times
-    # (2**12 + 2**24) puts s0 at bit 15 and s1 at bit 31 (copies never overlap, so no carries):
-    # a bf16 pair whose exponent fields are the codes' `ee`, each element `value * 2**-126`.
-    magnitudes = (value_bytes * BF16_PAIR_MAGNITUDES[0]) & BF16_PAIR_MAGNITUDES[1]
-    signs = (value_bytes * BF16_PAIR_SIGNS[0]) & BF16_PAIR_SIGNS[1]
-    pair = magnitudes | signs
-    # Scale by 2**(E - 1) = 2**low * 2**high, low = floor((E - 1) / 2) in [-1, 126], high in
-    # [0, 127]: both factors are normal bf16, and the intermediate (>= 2**-128) stays exact.
-    shift = scale_bytes - 1
-    low = shift >> 1
-    low_bits = (low + 127) << 7
-    high_bits = tl.where(scale_bytes == 255, 0x7FC0, (shift - low + 127) << 7)
+    pair, low_factors, high_factors = bf16x2_pair_bits(value_bytes, scale_bytes)
     pair = tl.inline_asm_elementwise(
-        "{ .reg .b32 nz; mov.b32 nz, 0x80008000; "
-        "fma.rn.bf16x2 $0, $1, $2, nz; fma.rn.bf16x2 $0, $0, $3, nz; }",
+        "{ .reg .b32 nz, t; mov.b32 nz, 0x80008000; "
+        "fma.rn.bf16x2 t, $1, $2, nz; fma.rn.bf16x2 $0, t, $3, nz; }",
         "=r,r,r,r",
-        [pair, low_bits | (low_bits << 16), high_bits | (high_bits << 16)],
+        [pair, low_factors, high_factors],
         dtype=tl.int32,
         is_pure=True,
         pack=1,
@@ -147,6 +162,24 @@ def _kernel_order_bytes(SUB: tl.constexpr, RUN: tl.constexpr):
 
 
 @triton.jit
+def _entry_offsets(entry, byte, chunk, D: tl.constexpr, E: tl.constexpr,
+                   NPT: tl.constexpr, LANES: tl.constexpr):  # fmt: skip
+    """Byte offsets within a page (graphidx.mxfp4.layout): ((value, scale) parts of each
+    entry slot, (value, scale) parts of each kernel-order byte / chunk); add a part of each
+    kind to the page pointer. Shapes broadcast like the arguments."""
+    # Slots are never negative: unsigned division by the power-of-two tile is a shift.
+    slot = entry.to(tl.uint32)
+    tile = (slot // NPT).to(tl.int32)
+    local = (slot % NPT).to(tl.int32)
+    scales_per_lane: tl.constexpr = (D // 32) // LANES
+    entry_value = tile * (NPT * (D // 2)) + local * 16
+    entry_scale = E * (D // 2) + tile * (NPT * (D // 32)) + local * scales_per_lane
+    byte_value = (byte // 16) * (NPT * 16) + byte % 16
+    chunk_scale = (chunk % LANES) * (NPT * scales_per_lane) + chunk // LANES
+    return entry_value, entry_scale, byte_value, chunk_scale
+
+
+@triton.jit
 def key_tile_bytes(
     page_ptr,
     entry,
@@ -167,18 +200,12 @@ def key_tile_bytes(
     bool `[M]`, the keys to read when MASKED (others read as value 0, scale 127 and touch no
     memory); with MASKED false every key is read.
     """
-    # Slots are never negative: unsigned division by the power-of-two tile is a shift.
-    slot = entry.to(tl.uint32)
-    tile = (slot // NPT).to(tl.int32)
-    local = (slot % NPT).to(tl.int32)
-    scales_per_lane: tl.constexpr = (D // 32) // LANES
-    value_base = page_ptr + (tile * (NPT * (D // 2)) + local * 16)
-    scale_base = page_ptr + (E * (D // 2) + tile * (NPT * (D // 32)) + local * scales_per_lane)
     byte, chunk = _kernel_order_bytes(SUB, RUN)
-    value_offsets = (byte // 16) * (NPT * 16) + byte % 16
-    scale_offsets = (chunk % LANES) * (NPT * scales_per_lane) + chunk // LANES
-    value_ptrs = value_base[:, None, None, None] + value_offsets
-    scale_ptrs = scale_base[:, None, None, None] + scale_offsets
+    entry_value, entry_scale, byte_value, chunk_scale = _entry_offsets(
+        entry, byte, chunk, D, E, NPT, LANES
+    )
+    value_ptrs = (page_ptr + entry_value)[:, None, None, None] + byte_value
+    scale_ptrs = (page_ptr + entry_scale)[:, None, None, None] + chunk_scale
     if MASKED:
         values = tl.load(value_ptrs, mask=live[:, None, None, None], other=0)
         scales = tl.load(scale_ptrs, mask=live[:, None, None, None], other=127)
@@ -230,23 +257,12 @@ def key_tile_bytes_mma(
     t = tl.arange(0, 4)[:, None, None, None, None, None, None]
     s = tl.arange(0, SUB)[None, None, None, None, None, :, None]
     j = tl.arange(0, RUN)[None, None, None, None, None, None, :]
-    slot = entry.to(tl.uint32)
-    tile = (slot // NPT).to(tl.int32)
-    local = (slot % NPT).to(tl.int32)
     first = t * (SUB * RUN) + s * RUN  # first byte of the lane's run (as _kernel_order_bytes)
-    chunk = first // 16
-    scales_per_lane: tl.constexpr = (D // 32) // LANES
-    byte = first + j
-    value_ptrs = page_ptr + (
-        tile * (NPT * (D // 2)) + local * 16 + (byte // 16) * (NPT * 16) + byte % 16
+    entry_value, entry_scale, byte_value, chunk_scale = _entry_offsets(
+        entry, first + j, first // 16, D, E, NPT, LANES
     )
-    scale_ptrs = page_ptr + (
-        E * (D // 2)
-        + tile * (NPT * (D // 32))
-        + local * scales_per_lane
-        + (chunk % LANES) * (NPT * scales_per_lane)
-        + chunk // LANES
-    )
+    value_ptrs = page_ptr + (entry_value + byte_value)
+    scale_ptrs = page_ptr + (entry_scale + chunk_scale)
     if MASKED:
         values = tl.load(value_ptrs, mask=live, other=0)
         scales = tl.load(scale_ptrs, mask=live, other=127)
@@ -261,9 +277,9 @@ def key_tile_bytes_mma(
 
 @triton.jit
 def decode_key_tile(values, scales, OPERANDS: tl.constexpr):
-    """Keys from `key_tile_bytes`: `[M, D]` in kernel order, bf16 from
+    """Keys from `key_tile_bytes` or `key_tile_bytes_mma`: `[M, D]` in kernel order, bf16 from
     `dequantize_keys_bf16x2` under OPERANDS_BF16X2, else float32 from `dequantize_tile`."""
-    if OPERANDS == OPERANDS_BF16X2:
+    if OPERANDS == BF16X2_OPERANDS:
         keys = dequantize_keys_bf16x2(values.to(tl.int32), scales.to(tl.int32))
     else:
         keys = dequantize_tile(values.to(tl.int32), scales.to(tl.int32))
@@ -309,7 +325,7 @@ def mma_operand(x, OPERANDS: tl.constexpr):
     """A decoded tile as a tensor-core operand: bf16 on a GPU (exact for decoded MXFP4),
     float32 under the interpreter (whose bf16 dot is unreliable); same numbers either way.
     Convert loop-invariant operands once, outside the key loop."""
-    if OPERANDS == OPERANDS_FP32:  # noqa: SIM108 (a constexpr branch: one side compiles)
+    if OPERANDS == FP32_OPERANDS:  # noqa: SIM108 (a constexpr branch: one side compiles)
         operand = x
     else:
         operand = x.to(tl.bfloat16)
@@ -319,8 +335,8 @@ def mma_operand(x, OPERANDS: tl.constexpr):
 @triton.jit
 def tile_scores(keys, queries_t, OPERANDS: tl.constexpr):
     """`keys [M, K] @ queries_t [K, N]` with float32 accumulation; queries_t from
-    `mma_operand`, keys from `load_key_tile` with the same OPERANDS."""
-    if OPERANDS == OPERANDS_FP32:
+    `mma_operand`, keys from `decode_key_tile` with the same OPERANDS."""
+    if OPERANDS == FP32_OPERANDS:
         scores = tl.dot(keys, queries_t, input_precision="ieee")
     else:
         scores = tl.dot(keys.to(tl.bfloat16), queries_t)
@@ -361,9 +377,11 @@ def seq_of_row(row, qsl_ptr, num_seqs):
 
 __all__ = [
     "BF16_PAIR_MAGNITUDES",
-    "BF16_PAIR_SIGNS",
     "FP16_CODE_FACTOR",
+    "FP16_PAIR_MAGNITUDES",
+    "PAIR_SIGNS",
     "SUPPORTED_HEAD_DIMS",
+    "bf16x2_pair_bits",
     "decode_key_tile",
     "dequantize_keys_bf16x2",
     "dequantize_tile",
