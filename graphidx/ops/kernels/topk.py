@@ -256,30 +256,18 @@ def _group_maxima(src, n, piece, GROUPS: tl.constexpr, GS: tl.constexpr, BLOCKS:
     no finite column): BLOCKS GROUPS-column blocks per step, full steps unmasked."""
     block = tl.arange(0, BLOCKS)[:, None]
     lane = tl.arange(0, GS)[None, :]
-    group_max = tl.zeros([GS], tl.uint32)
+    # Elementwise max over steps, one cross-thread reduction at the end: a reduction over
+    # the block axis per step would cost a CTA barrier per step.
+    tile_max = tl.zeros([BLOCKS, GS], tl.uint32)
     main_stop = n // GROUPS // BLOCKS * BLOCKS
     for first in range(0, main_stop, BLOCKS):
         col = (first + block) * GROUPS + piece + lane
-        group_max = tl.maximum(group_max, tl.max(_load_keys(src, col, col, False), axis=0))
+        tile_max = tl.maximum(tile_max, _load_keys(src, col, col, False))
     if main_stop * GROUPS < n:
         # At most BLOCKS blocks are left (the last one partial): one masked step.
         col = (main_stop + block) * GROUPS + piece + lane
-        key = _load_keys(src, col, col < n, True)
-        group_max = tl.maximum(group_max, tl.max(key, axis=0))
-    return group_max
-
-
-@triton.jit
-def _scatter_quads(dst, col_base, slot, match, capacity):
-    """Store col_base + j at slot[:, j] where match[:, j], for slots below `capacity`. Each
-    of the 4 columns is stored as its own 1-D tensor, which keeps the scatter in the tile's
-    row layout."""
-    lane = tl.arange(0, 4)[None, :]
-    for j in tl.static_range(4):
-        pick = lane == j
-        slot_j = tl.sum(tl.where(pick, slot, 0), axis=1)
-        match_j = tl.sum(tl.where(pick, match, 0), axis=1)
-        tl.store(dst + slot_j, col_base + j, mask=(match_j != 0) & (slot_j < capacity))
+        tile_max = tl.maximum(tile_max, _load_keys(src, col, col < n, True))
+    return tl.max(tile_max, axis=0)
 
 
 @triton.jit
@@ -301,34 +289,41 @@ def _collect_step(
 ):
     """Append this program's columns of blocks [first, first + BLOCKS) with key > floor to
     `candidates` (counted in counters[ABOVE]) and those equal to a finite floor to `ties`
-    (counters[TIED]); the counters count every match, the buffers keep the first CAP / K_PAD.
+    (counters[TIED]); the buffers keep the first CAP / K_PAD.
 
-    The step is tiled as quads of 4 adjacent columns, one 16-byte vector per thread. A quad
-    with candidates takes its slots with one relaxed atomic (only a few percent hold one)
-    and numbers them in registers, far cheaper than a prefix sum over every column. Ties are
-    numbered by a prefix sum over the quads and one atomic per step, and only in steps that
-    hold any: all-equal rows would otherwise take an atomic per quad.
+    Each match takes its slot with its own relaxed atomic: only a few percent of the columns
+    match, and a predicated-off atomic costs one issue slot, far less than numbering the
+    matches by prefix sums (CTA barriers) every step. The counters saturate: a step whose
+    program already saw counters[ABOVE] > CAP (the select then scans the row) or
+    counters[TIED] >= K_PAD (every tie slot the select can use is taken) takes no more
+    atomics of that kind, which bounds the atomics on adversarial and all-equal rows to
+    about K_PAD + CAP + P * BLOCKS * GS per row. So counters[ABOVE] is exact when <= CAP and
+    > CAP otherwise, counters[TIED] >= min(#ties, K_PAD).
     """
     quad = tl.arange(0, BLOCKS * GS // 4)
     col_base = (first + quad // (GS // 4)) * GROUPS + piece + (quad % (GS // 4)) * 4
-    col = col_base[:, None] + tl.arange(0, 4)[None, :]
-    key = _load_keys(src, col, col < n, MASKED)
-    above = (key > floor).to(tl.int32)
-    above_quad = tl.sum(above, axis=1)
-    base = tl.atomic_add(
-        counters + ABOVE + tl.zeros_like(above_quad), above_quad, mask=above_quad > 0,
-        sem="relaxed",
-    )  # fmt: skip
-    _scatter_quads(candidates, col_base, base[:, None] + tl.cumsum(above, axis=1) - above,
-                   above, CAP)  # fmt: skip
-    tied = ((key == floor) & (key > KEY_NEG_INF)).to(tl.int32)
-    tied_quad = tl.sum(tied, axis=1)
-    tied_step = tl.sum(tied_quad, axis=0)
-    if tied_step > 0:
-        tied_base = tl.atomic_add(counters + TIED, tied_step, sem="relaxed")
-        quad_first = tied_base + tl.cumsum(tied_quad, axis=0) - tied_quad
-        _scatter_quads(ties, col_base, quad_first[:, None] + tl.cumsum(tied, axis=1) - tied,
-                       tied, K_PAD)  # fmt: skip
+    lane = tl.arange(0, 4)[None, :]
+    key = _load_keys(src, col_base[:, None] + lane, col_base[:, None] + lane < n, MASKED)
+    # .cg: the counts other programs (and this one) added live in L2, not in this SM's L1.
+    above_seen = tl.load(counters + ABOVE, cache_modifier=".cg")
+    tied_seen = tl.load(counters + TIED, cache_modifier=".cg")
+    # Saturation folds into the thresholds: no key is above 0xFFFFFFFF, none equals 1
+    # (keys are 0 or above KEY_NEG_INF).
+    above_floor = tl.where(above_seen <= CAP, floor, 0xFFFFFFFF)
+    tie_key = tl.where((tied_seen < K_PAD) & (floor > KEY_NEG_INF), floor, 1)
+    for j in tl.static_range(4):
+        # Column j of each quad as a 1-D tensor in the quads' layout (an in-thread pick),
+        # so the atomics and stores need no layout conversion through shared memory.
+        key_j = tl.sum(tl.where(lane == j, key, 0), axis=1)
+        col_j = col_base + j
+        above = key_j > above_floor
+        slot = tl.atomic_add(counters + ABOVE + tl.zeros_like(quad), 1, mask=above,
+                             sem="relaxed")  # fmt: skip
+        tl.store(candidates + slot, col_j, mask=above & (slot < CAP))
+        tied = key_j == tie_key
+        tie_slot = tl.atomic_add(counters + TIED + tl.zeros_like(quad), 1, mask=tied,
+                                 sem="relaxed")  # fmt: skip
+        tl.store(ties + tie_slot, col_j, mask=tied & (tie_slot < K_PAD))
 
 
 @triton.jit
