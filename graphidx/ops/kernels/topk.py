@@ -68,6 +68,10 @@ from graphidx.ops.kernels import next_power_of_2
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 """_order_key(-inf): every key <= this is never picked (a constexpr global for the kernels)."""
 
+RADIX_BITS = tl.constexpr(4)
+"""Bits per pass of the searches (`_kth_largest_key`): one histogram of RADIX_BINS bins."""
+RADIX_BINS = tl.constexpr(16)
+
 FLOOR_BITS = tl.constexpr(12)
 """Bits the floor search resolves below the keys' common prefix: a lower bound is enough."""
 
@@ -215,9 +219,11 @@ def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
 
     Exact (t = the k-th largest key, or any t with exactly k keys >= t) when MAX_BITS >= 32;
     with fewer bits, a lower bound of the k-th largest key with count(keys >= t) >= k only.
-    Only the bits below the highest bit where the smallest and largest nonzero keys differ
-    vary, so the search starts there (rounded to an even bit count), 2 bits per CTA-wide
-    count, and stops early once exactly k keys are at or above the threshold.
+    A radix select from the top: only the bits below the highest bit where the smallest and
+    largest nonzero keys differ vary, so it starts there (rounded up to whole digits) and
+    takes one RADIX_BITS-bit digit per pass from a histogram of that digit over the keys
+    that share the threshold's higher bits, stopping early once exactly k keys are at or
+    above the threshold.
     """
     largest = tl.max(keys, axis=0)
     smallest = tl.min(tl.where(keys > 0, keys, 0xFFFFFFFF), axis=0)
@@ -226,16 +232,30 @@ def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
     # bit at or above the highest differing one.
     top = (differ.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
     top = tl.minimum(tl.where(differ == 0, 0, top), 31)
-    span = (top + 2) // 2 * 2
+    span = (top + RADIX_BITS) // RADIX_BITS * RADIX_BITS
     below = (tl.full([], 2, tl.uint32) << (span - 1)) - 1
     threshold = largest & ~below
-    count = tl.zeros([], tl.int32)  # 0: no trial passed yet (k >= 1, so never "exactly k")
-    shift = span - 2
+    digits = tl.arange(0, RADIX_BINS)
+    higher = tl.zeros([], tl.int32)  # keys above every key that shares threshold's prefix
+    count = tl.zeros([], tl.int32)  # 0: no digit taken yet (k >= 1, so never "exactly k")
+    shift = span - RADIX_BITS
     last = tl.maximum(span - MAX_BITS, 0)
     while (shift >= last) & (count != k):
-        c1, c2, c3 = _count_at_least(keys, threshold, shift)
-        threshold, count = _take_digit(threshold, count, c1, c2, c3, k, shift)
-        shift -= 2
+        # Bits at and above shift + RADIX_BITS (2**32 wraps to 0: no bits at shift 28).
+        prefix = ~((tl.full([], RADIX_BINS, tl.uint32) << shift) - 1)
+        # Keys of 0 share an all-zero prefix and land in bin 0, which only raises
+        # at_least[0]: a digit d >= 1 is taken without them, and digit 0 only when the
+        # nonzero keys alone reach k, so a count that includes them is never exactly k.
+        sharing = (keys & prefix) == threshold
+        histogram = tl.histogram(((keys >> shift) & (RADIX_BINS - 1)).to(tl.int32), RADIX_BINS,
+                                 mask=sharing)  # fmt: skip
+        # at_least[d]: keys >= threshold | d << shift (falls with d; at_least[0] >= k).
+        at_least = higher + tl.sum(histogram, axis=0) - tl.cumsum(histogram, axis=0) + histogram
+        digit = tl.sum((at_least >= k).to(tl.int32), axis=0) - 1
+        count = tl.sum(tl.where(digits == digit, at_least, 0), axis=0)
+        higher = count - tl.sum(tl.where(digits == digit, histogram, 0), axis=0)
+        threshold = threshold | (digit.to(tl.uint32) << shift)
+        shift -= RADIX_BITS
     return threshold
 
 
