@@ -17,9 +17,12 @@ groups and is spread over all P programs.
    it on continuous data. The bound is found by a search over the maxima that starts below
    their common prefix and stops after FLOOR_BITS bits (a lower bound is all it needs).
 2. *Collect.* Each program streams its piece again: columns with key > floor go to the row's
-   candidate buffer (up to CAP = 2 * K_PAD entries; tiles of 4 adjacent columns, one vector
-   load per thread, a tile with matches takes its slots with one relaxed atomic), columns
-   equal to the floor to a tie buffer (up to K_PAD; one atomic per step that has any).
+   candidate buffer (up to CAP = 2 * K_PAD entries), columns equal to a finite floor to a
+   tie buffer (up to K_PAD). Each match takes its slot with its own relaxed atomic (the
+   compiler aggregates them per warp, and a warp without a match skips them), so a step has
+   no CTA barrier and no prefix sum; the counters saturate (a step that already saw more
+   than CAP candidates or K_PAD ties takes no more), which bounds the atomics on
+   adversarial and all-equal rows.
 3. *Select*, one program per row.
    - at most k candidates: the floor *is* the k-th largest key when the row has k finite
      values; write every candidate, then tied columns up to k, then -1 padding;
@@ -30,8 +33,12 @@ groups and is spread over all P programs.
 Exactly min(k, #finite values) distinct columns are written, then -1 padding. (NaN input is
 undefined by the contract; here a NaN ranks by its bits: +NaN above +inf, -NaN like -inf.)
 
-Every search resolves 2 bits per CTA-wide count (three trial thresholds counted in one
-packed int64 sum) and stops early once exactly k keys are at or above the threshold.
+Every search (`_kth_largest_key`) is a radix select from the keys' common prefix: one
+RADIX_BITS = 4-bit digit per pass, from a `tl.histogram` of that digit over the keys sharing
+the threshold's higher bits, stopping early once exactly k keys are at or above the
+threshold: a 12-bit floor takes 3 passes, an exact select at most 8 (the earlier 2-bit
+search took twice as many passes, each with the same number of CTA barriers). The
+whole-row fallback still counts 2 bits per pass over the row (`_count_at_least`).
 
 Launches. P = 1 (`_topk_row_kernel`): one program per row runs the three phases in one
 launch. P > 1: `_split_floor_kernel` (grid P x rows: a row's programs are dispatched
@@ -46,7 +53,11 @@ P > 1, the group maxima (GROUPS * 4 bytes written, read once by the last arriver
 65536-column row at GROUPS = 8192, 1/16 at 2048): about 2.3 reads in all. The second pass
 runs right after the first, so when the batch fits in L2 (128 x 65536 float32 = 33.5 MB,
 against the H200's 50 MB) it should come mostly from L2, leaving about one DRAM read; that
-is expected, not measured. Scratch is allocated per call (rows x (CAP + K_PAD [+ GROUPS when
+is expected, not measured. Instructions (ptxas for sm_90, Triton 3.6, per warp and 4096-column
+step at 8 warps): the floor step ~100 with no barrier (group maxima are kept per column of
+the tile and reduced once at the end), the collect step ~800 static, about half of them
+atomics a warp without a match branches over, and no barrier (it was ~850, all executed,
+with 7 barriers). Scratch is allocated per call (rows x (CAP + K_PAD [+ GROUPS when
 P > 1]) int32, in row batches of at most SCRATCH_BYTES).
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 512,
