@@ -171,6 +171,23 @@ def test_candidate_overflow_falls_back_exactly(gen: torch.Generator, split: int,
     run(logits, lengths, k, small_config(k, split))
 
 
+@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("k", [3, 20])
+def test_huge_negative_rows_with_never_picked_columns(
+    gen: torch.Generator, split: int, k: int
+) -> None:
+    """Values in [-3.4e38, -2e29] (keys below 0x10000000: the searches' top digits are 0, the
+    digit never-picked keys of 0 have too) with -inf columns and short lengths."""
+    width = 320
+    magnitude = 10.0 ** (29.3 + 9.2 * torch.rand(6, width, generator=gen))
+    logits = -magnitude
+    logits[1] = torch.where(torch.rand(width, generator=gen) < 0.7, NEG_INF, logits[1])
+    logits[2, ::2] = NEG_INF
+    logits[3, : width // 2] = NEG_INF
+    lengths = torch.tensor([width, width, width, width, 37, 200], dtype=torch.int32)
+    run(logits, lengths, k, small_config(k, split))
+
+
 def test_strided_rows_and_several_scratch_batches(
     gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
