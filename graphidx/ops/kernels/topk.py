@@ -17,12 +17,9 @@ groups and is spread over all P programs.
    it on continuous data. The bound is found by a search over the maxima that starts below
    their common prefix and stops after FLOOR_BITS bits (a lower bound is all it needs).
 2. *Collect.* Each program streams its piece again: columns with key > floor go to the row's
-   candidate buffer (up to CAP = 2 * K_PAD entries), columns equal to a finite floor to a
-   tie buffer (up to K_PAD). Each match takes its slot with its own relaxed atomic (the
-   compiler aggregates them per warp, and a warp without a match skips them), so a step has
-   no CTA barrier and no prefix sum; the counters saturate (a step that already saw more
-   than CAP candidates or K_PAD ties takes no more), which bounds the atomics on
-   adversarial and all-equal rows.
+   candidate buffer (up to CAP = 2 * K_PAD entries; tiles of 4 adjacent columns, one vector
+   load per thread, a tile with matches takes its slots with one relaxed atomic), columns
+   equal to the floor to a tie buffer (up to K_PAD; one atomic per step that has any).
 3. *Select*, one program per row.
    - at most k candidates: the floor *is* the k-th largest key when the row has k finite
      values; write every candidate, then tied columns up to k, then -1 padding;
@@ -33,12 +30,8 @@ groups and is spread over all P programs.
 Exactly min(k, #finite values) distinct columns are written, then -1 padding. (NaN input is
 undefined by the contract; here a NaN ranks by its bits: +NaN above +inf, -NaN like -inf.)
 
-Every search (`_kth_largest_key`) is a radix select from the keys' common prefix: one
-RADIX_BITS = 4-bit digit per pass, from a `tl.histogram` of that digit over the keys sharing
-the threshold's higher bits, stopping early once exactly k keys are at or above the
-threshold: a 12-bit floor takes 3 passes, an exact select at most 8 (the earlier 2-bit
-search took twice as many passes, each with the same number of CTA barriers). The
-whole-row fallback still counts 2 bits per pass over the row (`_count_at_least`).
+Every search resolves 2 bits per CTA-wide count (three trial thresholds counted in one
+packed int64 sum) and stops early once exactly k keys are at or above the threshold.
 
 Launches. P = 1 (`_topk_row_kernel`): one program per row runs the three phases in one
 launch. P > 1: `_split_floor_kernel` (grid P x rows: a row's programs are dispatched
@@ -53,11 +46,7 @@ P > 1, the group maxima (GROUPS * 4 bytes written, read once by the last arriver
 65536-column row at GROUPS = 8192, 1/16 at 2048): about 2.3 reads in all. The second pass
 runs right after the first, so when the batch fits in L2 (128 x 65536 float32 = 33.5 MB,
 against the H200's 50 MB) it should come mostly from L2, leaving about one DRAM read; that
-is expected, not measured. Instructions (ptxas for sm_90, Triton 3.6, per warp and 4096-column
-step at 8 warps): the floor step ~100 with no barrier (group maxima are kept per column of
-the tile and reduced once at the end), the collect step ~800 static, about half of them
-atomics a warp without a match branches over, and no barrier (it was ~850, all executed,
-with 7 barriers). Scratch is allocated per call (rows x (CAP + K_PAD [+ GROUPS when
+is expected, not measured. Scratch is allocated per call (rows x (CAP + K_PAD [+ GROUPS when
 P > 1]) int32, in row batches of at most SCRATCH_BYTES).
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 512,
@@ -78,10 +67,6 @@ from graphidx.ops.kernels import next_power_of_2
 
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 """_order_key(-inf): every key <= this is never picked (a constexpr global for the kernels)."""
-
-RADIX_BITS = tl.constexpr(4)
-"""Bits per pass of the searches (`_kth_largest_key`): one histogram of RADIX_BINS bins."""
-RADIX_BINS = tl.constexpr(16)
 
 FLOOR_BITS = tl.constexpr(12)
 """Bits the floor search resolves below the keys' common prefix: a lower bound is enough."""
@@ -230,11 +215,9 @@ def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
 
     Exact (t = the k-th largest key, or any t with exactly k keys >= t) when MAX_BITS >= 32;
     with fewer bits, a lower bound of the k-th largest key with count(keys >= t) >= k only.
-    A radix select from the top: only the bits below the highest bit where the smallest and
-    largest nonzero keys differ vary, so it starts there (rounded up to whole digits) and
-    takes one RADIX_BITS-bit digit per pass from a histogram of that digit over the keys
-    that share the threshold's higher bits, stopping early once exactly k keys are at or
-    above the threshold.
+    Only the bits below the highest bit where the smallest and largest nonzero keys differ
+    vary, so the search starts there (rounded to an even bit count), 2 bits per CTA-wide
+    count, and stops early once exactly k keys are at or above the threshold.
     """
     largest = tl.max(keys, axis=0)
     smallest = tl.min(tl.where(keys > 0, keys, 0xFFFFFFFF), axis=0)
@@ -243,30 +226,16 @@ def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
     # bit at or above the highest differing one.
     top = (differ.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
     top = tl.minimum(tl.where(differ == 0, 0, top), 31)
-    span = (top + RADIX_BITS) // RADIX_BITS * RADIX_BITS
+    span = (top + 2) // 2 * 2
     below = (tl.full([], 2, tl.uint32) << (span - 1)) - 1
     threshold = largest & ~below
-    digits = tl.arange(0, RADIX_BINS)
-    higher = tl.zeros([], tl.int32)  # keys above every key that shares threshold's prefix
-    count = tl.zeros([], tl.int32)  # 0: no digit taken yet (k >= 1, so never "exactly k")
-    shift = span - RADIX_BITS
+    count = tl.zeros([], tl.int32)  # 0: no trial passed yet (k >= 1, so never "exactly k")
+    shift = span - 2
     last = tl.maximum(span - MAX_BITS, 0)
     while (shift >= last) & (count != k):
-        # Bits at and above shift + RADIX_BITS (2**32 wraps to 0: no bits at shift 28).
-        prefix = ~((tl.full([], RADIX_BINS, tl.uint32) << shift) - 1)
-        # Keys of 0 share an all-zero prefix and land in bin 0, which only raises
-        # at_least[0]: a digit d >= 1 is taken without them, and digit 0 only when the
-        # nonzero keys alone reach k, so a count that includes them is never exactly k.
-        sharing = (keys & prefix) == threshold
-        histogram = tl.histogram(((keys >> shift) & (RADIX_BINS - 1)).to(tl.int32), RADIX_BINS,
-                                 mask=sharing)  # fmt: skip
-        # at_least[d]: keys >= threshold | d << shift (falls with d; at_least[0] >= k).
-        at_least = higher + tl.sum(histogram, axis=0) - tl.cumsum(histogram, axis=0) + histogram
-        digit = tl.sum((at_least >= k).to(tl.int32), axis=0) - 1
-        count = tl.sum(tl.where(digits == digit, at_least, 0), axis=0)
-        higher = count - tl.sum(tl.where(digits == digit, histogram, 0), axis=0)
-        threshold = threshold | (digit.to(tl.uint32) << shift)
-        shift -= RADIX_BITS
+        c1, c2, c3 = _count_at_least(keys, threshold, shift)
+        threshold, count = _take_digit(threshold, count, c1, c2, c3, k, shift)
+        shift -= 2
     return threshold
 
 
@@ -287,18 +256,30 @@ def _group_maxima(src, n, piece, GROUPS: tl.constexpr, GS: tl.constexpr, BLOCKS:
     no finite column): BLOCKS GROUPS-column blocks per step, full steps unmasked."""
     block = tl.arange(0, BLOCKS)[:, None]
     lane = tl.arange(0, GS)[None, :]
-    # Elementwise max over steps, one cross-thread reduction at the end: a reduction over
-    # the block axis per step would cost a CTA barrier per step.
-    tile_max = tl.zeros([BLOCKS, GS], tl.uint32)
+    group_max = tl.zeros([GS], tl.uint32)
     main_stop = n // GROUPS // BLOCKS * BLOCKS
     for first in range(0, main_stop, BLOCKS):
         col = (first + block) * GROUPS + piece + lane
-        tile_max = tl.maximum(tile_max, _load_keys(src, col, col, False))
+        group_max = tl.maximum(group_max, tl.max(_load_keys(src, col, col, False), axis=0))
     if main_stop * GROUPS < n:
         # At most BLOCKS blocks are left (the last one partial): one masked step.
         col = (main_stop + block) * GROUPS + piece + lane
-        tile_max = tl.maximum(tile_max, _load_keys(src, col, col < n, True))
-    return tl.max(tile_max, axis=0)
+        key = _load_keys(src, col, col < n, True)
+        group_max = tl.maximum(group_max, tl.max(key, axis=0))
+    return group_max
+
+
+@triton.jit
+def _scatter_quads(dst, col_base, slot, match, capacity):
+    """Store col_base + j at slot[:, j] where match[:, j], for slots below `capacity`. Each
+    of the 4 columns is stored as its own 1-D tensor, which keeps the scatter in the tile's
+    row layout."""
+    lane = tl.arange(0, 4)[None, :]
+    for j in tl.static_range(4):
+        pick = lane == j
+        slot_j = tl.sum(tl.where(pick, slot, 0), axis=1)
+        match_j = tl.sum(tl.where(pick, match, 0), axis=1)
+        tl.store(dst + slot_j, col_base + j, mask=(match_j != 0) & (slot_j < capacity))
 
 
 @triton.jit
@@ -320,41 +301,34 @@ def _collect_step(
 ):
     """Append this program's columns of blocks [first, first + BLOCKS) with key > floor to
     `candidates` (counted in counters[ABOVE]) and those equal to a finite floor to `ties`
-    (counters[TIED]); the buffers keep the first CAP / K_PAD.
+    (counters[TIED]); the counters count every match, the buffers keep the first CAP / K_PAD.
 
-    Each match takes its slot with its own relaxed atomic: only a few percent of the columns
-    match, and a predicated-off atomic costs one issue slot, far less than numbering the
-    matches by prefix sums (CTA barriers) every step. The counters saturate: a step whose
-    program already saw counters[ABOVE] > CAP (the select then scans the row) or
-    counters[TIED] >= K_PAD (every tie slot the select can use is taken) takes no more
-    atomics of that kind, which bounds the atomics on adversarial and all-equal rows to
-    about K_PAD + CAP + P * BLOCKS * GS per row. So counters[ABOVE] is exact when <= CAP and
-    > CAP otherwise, counters[TIED] >= min(#ties, K_PAD).
+    The step is tiled as quads of 4 adjacent columns, one 16-byte vector per thread. A quad
+    with candidates takes its slots with one relaxed atomic (only a few percent hold one)
+    and numbers them in registers, far cheaper than a prefix sum over every column. Ties are
+    numbered by a prefix sum over the quads and one atomic per step, and only in steps that
+    hold any: all-equal rows would otherwise take an atomic per quad.
     """
     quad = tl.arange(0, BLOCKS * GS // 4)
     col_base = (first + quad // (GS // 4)) * GROUPS + piece + (quad % (GS // 4)) * 4
-    lane = tl.arange(0, 4)[None, :]
-    key = _load_keys(src, col_base[:, None] + lane, col_base[:, None] + lane < n, MASKED)
-    # .cg: the counts other programs (and this one) added live in L2, not in this SM's L1.
-    above_seen = tl.load(counters + ABOVE, cache_modifier=".cg")
-    tied_seen = tl.load(counters + TIED, cache_modifier=".cg")
-    # Saturation folds into the thresholds: no key is above 0xFFFFFFFF, none equals 1
-    # (keys are 0 or above KEY_NEG_INF).
-    above_floor = tl.where(above_seen <= CAP, floor, 0xFFFFFFFF)
-    tie_key = tl.where((tied_seen < K_PAD) & (floor > KEY_NEG_INF), floor, 1)
-    for j in tl.static_range(4):
-        # Column j of each quad as a 1-D tensor in the quads' layout (an in-thread pick),
-        # so the atomics and stores need no layout conversion through shared memory.
-        key_j = tl.sum(tl.where(lane == j, key, 0), axis=1)
-        col_j = col_base + j
-        above = key_j > above_floor
-        slot = tl.atomic_add(counters + ABOVE + tl.zeros_like(quad), 1, mask=above,
-                             sem="relaxed")  # fmt: skip
-        tl.store(candidates + slot, col_j, mask=above & (slot < CAP))
-        tied = key_j == tie_key
-        tie_slot = tl.atomic_add(counters + TIED + tl.zeros_like(quad), 1, mask=tied,
-                                 sem="relaxed")  # fmt: skip
-        tl.store(ties + tie_slot, col_j, mask=tied & (tie_slot < K_PAD))
+    col = col_base[:, None] + tl.arange(0, 4)[None, :]
+    key = _load_keys(src, col, col < n, MASKED)
+    above = (key > floor).to(tl.int32)
+    above_quad = tl.sum(above, axis=1)
+    base = tl.atomic_add(
+        counters + ABOVE + tl.zeros_like(above_quad), above_quad, mask=above_quad > 0,
+        sem="relaxed",
+    )  # fmt: skip
+    _scatter_quads(candidates, col_base, base[:, None] + tl.cumsum(above, axis=1) - above,
+                   above, CAP)  # fmt: skip
+    tied = ((key == floor) & (key > KEY_NEG_INF)).to(tl.int32)
+    tied_quad = tl.sum(tied, axis=1)
+    tied_step = tl.sum(tied_quad, axis=0)
+    if tied_step > 0:
+        tied_base = tl.atomic_add(counters + TIED, tied_step, sem="relaxed")
+        quad_first = tied_base + tl.cumsum(tied_quad, axis=0) - tied_quad
+        _scatter_quads(ties, col_base, quad_first[:, None] + tl.cumsum(tied, axis=1) - tied,
+                       tied, K_PAD)  # fmt: skip
 
 
 @triton.jit
