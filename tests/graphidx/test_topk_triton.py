@@ -255,3 +255,30 @@ def test_long_rows_default_sizes(gen: torch.Generator, split: int) -> None:
     config = split_config(512, split) if split else default_config(512, 3, 70000)
     assert config.programs_per_row == (split or 16)
     run(logits, lengths, 512, config)
+
+
+@pytest.mark.parametrize("split", [1, 2, 4])
+def test_ties_at_the_threshold_picked_in_column_order(gen: torch.Generator, split: int) -> None:
+    """When only some of the columns tied at the k-th value can be picked, the picks are the
+    tied columns of smallest index (not the buffers' arrival order): equal inputs always give
+    equal picks, which a replayed graph relies on. Both select paths: the threshold at the
+    floor (ties in the tie buffer) and above it (ties among the candidates)."""
+    width, k = 700, 20
+    rows = torch.full((2, width), -5.0)
+    rows -= torch.rand(2, width, generator=gen)  # distinct negatives, never reached
+    # Row 0: 6 large values, then 0.0 in 300 scattered columns (the threshold is 0.0).
+    big = torch.randperm(width, generator=gen)[:306]
+    rows[0, big[:6]] = torch.arange(6, dtype=torch.float32) + 10.0
+    rows[0, big[6:]] = 0.0
+    # Row 1: 8 large values and 1.0 in 40 columns: more candidates than k, tied at 1.0.
+    rows[1, big[:8]] = torch.arange(8, dtype=torch.float32) + 10.0
+    rows[1, big[8:48]] = 1.0
+    lengths = torch.full((2,), width, dtype=torch.int32)
+    for config in (small_config(k, split, groups=64, capacity=64), None):
+        out = torch.full((2, k), SENTINEL, dtype=torch.int32)
+        topk_per_row(rows, lengths, k, out, config=config)
+        check_rows(rows, lengths, k, out)
+        for r, (large, tie_value) in enumerate(((6, 0.0), (8, 1.0))):
+            tied = (rows[r] == tie_value).nonzero().flatten().tolist()
+            want = set(big[:large].tolist()) | set(tied[: k - large])
+            assert set(out[r].tolist()) == want, (r, split)

@@ -27,7 +27,9 @@ groups and is spread over all P programs.
      above it plus enough equal ones;
    - more than CAP (adversarial rows, e.g. the top keys crowded into few groups): the same
      search over the whole row, 16 counting passes. Slow, never wrong.
-Exactly min(k, #finite values) distinct columns are written, then -1 padding. (NaN input is
+Exactly min(k, #finite values) distinct columns are written, then -1 padding. The picks are
+deterministic: when the threshold's ties cannot all be picked, the tied columns are chosen in
+column order (by the whole-row pass), never in the buffers' arrival order. (NaN input is
 undefined by the contract; here a NaN ranks by its bits: +NaN above +inf, -NaN like -inf.)
 
 Every search resolves 2 bits per CTA-wide count (three trial thresholds counted in one
@@ -422,21 +424,31 @@ def _select(
     Buffers written by other programs are read through L2 (`.cg`, and atomics for counts)."""
     above_total = tl.atomic_add(counters + ABOVE, 0, sem="relaxed")
     tied_total = tl.atomic_add(counters + TIED, 0, sem="relaxed")
+    # The buffers fill in atomic (arrival) order, which varies from run to run: whenever only
+    # some of the columns tied at the threshold can be picked, the choice is made in column
+    # order by the whole-row pass instead, so equal inputs always give equal picks (a replayed
+    # graph must reproduce the eager answer).
     if above_total <= k:
-        slot = tl.arange(0, K_PAD)
-        tie_slot = slot - above_total
-        tie_count = tl.minimum(k - above_total, tied_total)
-        picked = tl.load(candidates + slot, mask=slot < above_total, other=-1,
-                         cache_modifier=".cg")  # fmt: skip
-        tie = tl.load(ties + tie_slot, mask=(tie_slot >= 0) & (tie_slot < tie_count),
-                      other=-1, cache_modifier=".cg")  # fmt: skip
-        tl.store(dst + slot, tl.where(slot < above_total, picked, tie), mask=slot < k)
+        if tied_total > k - above_total:
+            _select_from_row(src, n, k, dst, FALLBACK_STEP)
+        else:
+            slot = tl.arange(0, K_PAD)
+            tie_slot = slot - above_total
+            picked = tl.load(candidates + slot, mask=slot < above_total, other=-1,
+                             cache_modifier=".cg")  # fmt: skip
+            tie = tl.load(ties + tie_slot, mask=(tie_slot >= 0) & (tie_slot < tied_total),
+                          other=-1, cache_modifier=".cg")  # fmt: skip
+            tl.store(dst + slot, tl.where(slot < above_total, picked, tie), mask=slot < k)
     elif above_total <= CAP:
         slot = tl.arange(0, CAP)
         inside = slot < above_total
         col = tl.load(candidates + slot, mask=inside, other=0, cache_modifier=".cg")
         key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
-        _emit_selection(key, col, _kth_largest_key(key, k, 32), k, dst)
+        threshold = _kth_largest_key(key, k, 32)
+        if tl.sum((key >= threshold).to(tl.int32), axis=0) > k:
+            _select_from_row(src, n, k, dst, FALLBACK_STEP)
+        else:
+            _emit_selection(key, col, threshold, k, dst)
     else:
         _select_from_row(src, n, k, dst, FALLBACK_STEP)
 
