@@ -13,6 +13,7 @@ live page may be read on purpose (the prefetch's partial tile) but are never wri
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -37,6 +38,7 @@ GPU_READY = {
     "test_gather_logits_match_reference",
     "test_dense_prefill_mma_shaped_tile_loads",
     "test_logits_config_refused",
+    "test_gather_config_refused",
 }
 
 
@@ -619,6 +621,16 @@ def test_gather_logits_match_reference(
         outs.append(out.cpu())
     assert_logits_match(outs[1], outs[0])
     assert bool((outs[1][-1, pool_blocks * size :] == NEG_INF).all())
+
+
+@pytest.mark.parametrize(("field", "value"), [("block_n", 24), ("num_warps", 3), ("num_stages", 0)])
+def test_gather_config_refused(field: str, value: int) -> None:
+    """A gather config the kernel cannot run raises ValueError naming the field."""
+    from graphidx.ops.kernels.gather import GatherConfig, check_config
+
+    bad = dataclasses.replace(GatherConfig(block_n=64, num_warps=4, num_stages=1), **{field: value})
+    with pytest.raises(ValueError, match=f"config.{field}"):
+        check_config(bad)
 
 
 def test_remap_compact_topk_in_place(gen: torch.Generator) -> None:

@@ -56,6 +56,20 @@ class GatherConfig:
     num_stages: int
 
 
+def check_config(config: GatherConfig) -> None:
+    """ValueError naming the first field of `config` the gather kernel cannot run."""
+    block_n = config.block_n
+    if block_n & (block_n - 1) or not MIN_MMA_COLUMNS <= block_n <= GATHER_SPLIT_COLUMNS:
+        raise ValueError(
+            f"config.block_n must be a power of two in [{MIN_MMA_COLUMNS}, "
+            f"{GATHER_SPLIT_COLUMNS}], got {block_n}"
+        )
+    if config.num_warps not in (4, 8):
+        raise ValueError(f"config.num_warps must be 4 or 8, got {config.num_warps}")
+    if config.num_stages < 1:
+        raise ValueError(f"config.num_stages must be >= 1, got {config.num_stages}")
+
+
 def default_config(candidate_block_size: int) -> GatherConfig:
     """128 keys per tile on a GPU (sm_90 SASS: ~930 instructions per key vs ~1160 at 64);
     the loads are gathers, so latency is hidden by 4 resident programs rather than by
@@ -213,7 +227,7 @@ def gather_mqa_logits(
     """Triton `gather_mqa_logits` (OPS_CONTRACT op 4; arguments validated by the wrapper).
 
     Same contract as `graphidx.ops.gather_mqa_logits`; `config` overrides the shape-chosen
-    tiles (tuning hook; block_n must be a power of two). Reads no device value on the host.
+    tiles (tuning hook, checked by `check_config`). Reads no device value on the host.
     """
     rows, num_heads, value_bytes = q.shape
     head_dim = 2 * value_bytes
@@ -231,6 +245,7 @@ def gather_mqa_logits(
     sub, run = tile_split(head_dim)
     require_bf16_tensor_cores(q.device)
     cfg = config or default_config(candidate_block_size)
+    check_config(cfg)
     if rows == 0 or out_width == 0:
         return
     qsl = query_start_loc if query_start_loc is not None else context_lens
@@ -290,4 +305,10 @@ def remap_compact_topk(
     )
 
 
-__all__ = ["GatherConfig", "default_config", "gather_mqa_logits", "remap_compact_topk"]
+__all__ = [
+    "GatherConfig",
+    "check_config",
+    "default_config",
+    "gather_mqa_logits",
+    "remap_compact_topk",
+]
