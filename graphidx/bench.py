@@ -502,11 +502,14 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
     results = []
     decode_points: dict[int, list[tuple[Any, ...]]] = {
         # heads: LogitsConfig fields (block_n, block_r, num_warps, num_stages, max_registers,
-        # programs_per_sm, prefetch)
-        # Each H64 point twice, interleaved: the run-to-run spread next to the difference.
-        64: [(64, 2, 4, 1, 128), (64, 2, 4, 1, 128, 2, True), (64, 2, 4, 1, 128),
-             (64, 2, 4, 1, 128, 2, True)],
-        32: [(64, 2, 4, 1, None), (64, 2, 4, 1, None, 2, True)],
+        # programs_per_sm, prefetch); the first point of each is the default, run twice (first
+        # and last): the run-to-run spread next to the differences.
+        64: [(64, 2, 4, 1, 128, 2, True), (64, 2, 4, 1, None, 2, True),
+             (64, 2, 4, 1, 168, 2, True), (64, 2, 4, 1, None, 2, False),
+             (128, 2, 4, 1, None, 2, True), (64, 2, 4, 1, 128, 2, True)],
+        32: [(64, 2, 4, 1, None, 2, True), (64, 2, 4, 1, 128, 2, True),
+             (64, 2, 4, 1, None, 2, False), (128, 2, 4, 1, None, 2, True),
+             (64, 2, 4, 1, None, 2, True)],
     }  # fmt: skip
     for heads, contexts, page_entries in ((64, [16384] * 64, 64), (32, [65536] * 64, 128)):
         for point in decode_points[heads]:
@@ -516,7 +519,9 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
                 config=LogitsConfig(*point),
             )  # fmt: skip
             results.append(_sweep_point(label, build))
-    prefill_points: tuple[tuple[Any, ...], ...] = ((64, 2, 4, 1, 144), (64, 2, 4, 1, 168))
+    prefill_points: tuple[tuple[Any, ...], ...] = (
+        (64, 2, 4, 1, 168), (64, 2, 4, 1, None), (64, 2, 4, 1, 128),
+    )  # fmt: skip
     for point in prefill_points:
         label = f"sweep prefill {_config_label(point)}"
         build = functools.partial(
@@ -526,10 +531,10 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
         results.append(_sweep_point(label, build))
     skewed = [131072] + [1024] * 63
     even = [sum(skewed) // len(skewed)] * len(skewed)
-    for (name, contexts), prefetch in itertools.product(
-        (("skewed", skewed), ("even", even)), (False, True)
+    for (name, contexts), registers in itertools.product(
+        (("skewed", skewed), ("even", even)), (128, None)
     ):
-        point = (64, 2, 4, 1, 128, 2, prefetch)
+        point = (64, 2, 4, 1, registers, 2, True)
         label = f"sweep decode {name} (schedule) H64 {_config_label(point)}"
         build = functools.partial(
             dense_decode_case, label, 64, 2, contexts, 64, ceilings, device, use_schedule=True,

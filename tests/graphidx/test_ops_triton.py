@@ -14,7 +14,7 @@ live page may be read on purpose (the prefetch's partial tile) but are never wri
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -66,24 +66,36 @@ from graphidx.ops.kernels.topk import topk_per_row as triton_topk_per_row  # noq
 
 
 @triton.jit
-def _pair_bits_kernel(bytes_ptr, scales_ptr, out_ptr, N: tl.constexpr):
+def _pair_bits_kernel(pairs_ptr, scales_ptr, out_ptr, N: tl.constexpr):
     i = tl.arange(0, N)
-    pair, low, high = bf16x2_pair_bits(tl.load(bytes_ptr + i), tl.load(scales_ptr + i))
+    pair, low, high = bf16x2_pair_bits(tl.load(pairs_ptr + i), tl.load(scales_ptr + i))
     tl.store(out_ptr + i, pair)
     tl.store(out_ptr + N + i, low)
     tl.store(out_ptr + 2 * N + i, high)
 
 
 @triton.jit
-def _both_decodes_kernel(values_ptr, scales_ptr, bf16x2_ptr, float32_ptr):
+def _both_decodes_kernel(words_ptr, scales_ptr, bf16x2_ptr, float32_ptr):
+    """Rows of 4 runs (t) of 4 words each, every run under one scale."""
     row = tl.arange(0, 1024)[:, None, None, None]
-    j = tl.arange(0, 16)[None, None, :, None]
+    w = tl.arange(0, 4)[None, None, :, None]
     run = tl.arange(0, 4)[None, None, None, :]
-    values = tl.load(values_ptr + row * 64 + j * 4 + run)
+    words = tl.load(words_ptr + row * 16 + run * 4 + w)
     scales = tl.load(scales_ptr + row * 4 + run)
     out = tl.arange(0, 1024)[:, None] * 128 + tl.arange(0, 128)[None, :]
-    tl.store(bf16x2_ptr + out, dequantize_keys_bf16x2(values, scales).to(tl.float32))
-    tl.store(float32_ptr + out, dequantize_tile(values, scales))
+    tl.store(bf16x2_ptr + out, dequantize_keys_bf16x2(words, scales).to(tl.float32))
+    tl.store(float32_ptr + out, dequantize_tile(words, scales))
+
+
+@triton.jit
+def _float32_decode_kernel(words_ptr, scales_ptr, float32_ptr):
+    row = tl.arange(0, 1024)[:, None, None, None]
+    w = tl.arange(0, 4)[None, None, :, None]
+    run = tl.arange(0, 4)[None, None, None, :]
+    words = tl.load(words_ptr + row * 16 + run * 4 + w)
+    scales = tl.load(scales_ptr + row * 4 + run)
+    out = tl.arange(0, 1024)[:, None] * 128 + tl.arange(0, 128)[None, :]
+    tl.store(float32_ptr + out, dequantize_tile(words, scales))
 
 
 NAN = float("nan")
@@ -392,7 +404,7 @@ def test_dense_logits_mma_shaped_tile_loads(
     prefetch: bool,
 ) -> None:
     """4 warps and one page per tile: keys load straight in the tensor-core operand's thread
-    layout (`key_tile_bytes_mma`), full tiles and masked tails alike, with and without the
+    layout (`key_tile_words_mma`), full tiles and masked tails alike, with and without the
     register prefetch."""
     from graphidx.ops.kernels.logits import LogitsConfig, uses_mma_rows
     from graphidx.ops.kernels.logits import paged_mqa_logits as triton_logits
@@ -478,17 +490,34 @@ def test_logits_config_refused(gen: torch.Generator, field: str, value: object) 
         run_dense("triton", cache, queries, row_ends, 48, {"next_n": 2}, config=config)
 
 
+def test_misaligned_kv_cache_refused(gen: torch.Generator) -> None:
+    """The kernels read codes as 4-byte words: a cache view starting off a word boundary is a
+    ValueError naming kv_cache, raised before any launch (the output keeps its poison)."""
+    cache = make_cache(gen, [40, 39], num_heads=4, head_dim=64, page_entries=32)
+    pages, page_bytes = cache.kv_cache.shape
+    # Made on the kernels' device: moving a strided view there would copy it contiguously.
+    wide = torch.zeros(pages, page_bytes + 4, dtype=torch.uint8, device=TRITON_DEVICE)
+    shifted = wide[:, 1 : 1 + page_bytes]
+    shifted.copy_(cache.kv_cache)
+    queries = make_queries(gen, 4, 4, 64)
+    row_ends = torch.tensor([39, 40, 38, 39], dtype=torch.int32)
+    with pytest.raises(ValueError, match="kv_cache as 4-byte words"):
+        run_dense("triton", replace(cache, kv_cache=shifted), queries, row_ends, 48,
+                  {"next_n": 2})  # fmt: skip
+
+
 def test_bf16x2_key_decode_is_exact() -> None:
     """The integer half of `dequantize_keys_bf16x2` (`bf16x2_pair_bits`, run as a kernel) and
     its two bf16 multiplies (replayed in torch: each is by a power of two, so torch's rounding
-    and fma.rn.bf16x2's agree) give e2m1 * 2**(E - 127) for every value byte under every
+    and fma.rn.bf16x2's agree) give e2m1 * 2**(E - 127) for every nibble pair under every
     scale byte, as float64 math does (NaN at E = 255, inf where float32 overflows)."""
     from graphidx.mxfp4.format import E2M1_VALUES
 
-    byte = torch.arange(256, dtype=torch.int32).repeat_interleave(256)
+    lo_hi = torch.arange(256, dtype=torch.int32).repeat_interleave(256)
+    pairs = (lo_hi & 0xF) | ((lo_hi >> 4) << 16)  # nibble pairs as `nibble_pairs` makes them
     scale = torch.arange(256, dtype=torch.int32).repeat(256)
     out = torch.empty(3 * 65536, dtype=torch.int32, device=TRITON_DEVICE)
-    _pair_bits_kernel[(1,)](byte.to(TRITON_DEVICE), scale.to(TRITON_DEVICE), out, N=65536)
+    _pair_bits_kernel[(1,)](pairs.to(TRITON_DEVICE), scale.to(TRITON_DEVICE), out, N=65536)
     pair, low_factors, high_factors = out.cpu().view(3, 65536).long()
 
     def as_bf16(bits: torch.Tensor) -> torch.Tensor:
@@ -496,7 +525,7 @@ def test_bf16x2_key_decode_is_exact() -> None:
 
     codes = [*E2M1_VALUES, *(-v for v in E2M1_VALUES)]
     code = torch.tensor(codes, dtype=torch.float64)
-    for half, nibble in ((0, byte & 0xF), (16, byte >> 4)):
+    for half, nibble in ((0, lo_hi & 0xF), (16, lo_hi >> 4)):
         value = as_bf16(pair >> half) * as_bf16(low_factors >> half)
         got = (value * as_bf16(high_factors >> half)).float()
         want = (code[nibble.long()] * torch.pow(2.0, (scale - 127).double())).float()
@@ -505,19 +534,42 @@ def test_bf16x2_key_decode_is_exact() -> None:
         assert torch.equal(got[~want.isnan()], want[~want.isnan()])
 
 
+def test_tile_decode_follows_kernel_order() -> None:
+    """`dequantize_tile` puts element 8j + 2t + h of a run's words where the module docstring
+    says: byte t * D/8 + 4 (j // 4) + 2h + (j % 4) // 2, nibble j % 2, times the run's scale
+    (random codes under random scale bytes but 255, as float64 math rounded to float32 gives:
+    exact, inf past float32's range)."""
+    from graphidx.mxfp4.format import E2M1_VALUES
+
+    gen = torch.Generator().manual_seed(5)
+    data = torch.randint(0, 256, (1024, 4, 16), generator=gen, dtype=torch.uint8)  # [row, t, byte]
+    scales = torch.randint(0, 255, (1024, 4), generator=gen, dtype=torch.int32)
+    words = data.view(torch.int32)  # little-endian: byte 4w + i is bits 8i of word w
+    got = torch.empty(1024, 128, dtype=torch.float32, device=TRITON_DEVICE)
+    _float32_decode_kernel[(1,)](*on_triton_device(words.contiguous(), scales), got)
+    codes = torch.tensor([*E2M1_VALUES, *(-v for v in E2M1_VALUES)], dtype=torch.float64)
+    element = torch.arange(128)
+    j, t, h = element // 8, (element % 8) // 2, element % 2
+    byte = 4 * (j // 4) + 2 * h + (j % 4) // 2
+    nibble = (data[:, t, byte].long() >> (4 * (j % 2))) & 0xF
+    want = codes[nibble] * torch.pow(2.0, (scales[:, t] - 127).double())
+    assert torch.equal(got.cpu(), want.float())
+
+
 @pytest.mark.skipif(INTERPRETED, reason="inline PTX: NVIDIA GPUs only")
 def test_bf16x2_decode_matches_float32_decode_on_gpu() -> None:
-    """`dequantize_keys_bf16x2` (PTX) and `dequantize_tile` (float32) decode every value byte
-    under every scale byte to the same numbers on the GPU (rows of 4 runs of 16 bytes, each
-    run under one scale: 1024 rows cover all 65536 pairs)."""
+    """`dequantize_keys_bf16x2` (PTX) and `dequantize_tile` (float32) decode every code pair
+    under every scale byte to the same numbers on the GPU (rows of 4 runs of 4 words, each run
+    under one scale: 1024 rows cover all 65536 (byte, scale) pairs)."""
     device = torch.device(TRITON_DEVICE)
-    row = torch.arange(1024)[:, None, None, None]
-    run, j = torch.arange(4)[None, None, None, :], torch.arange(16)[None, None, :, None]
-    values = ((row % 4) * 64 + run * 16 + j).to(torch.int32).to(device)  # [1024, 1, 16, 4]
-    scales = (row // 4 + 0 * run).to(torch.int32).to(device)  # [1024, 1, 1, 4]
+    row = torch.arange(1024)[:, None, None]
+    run, i = torch.arange(4)[None, :, None], torch.arange(16)[None, None, :]
+    data = ((row % 4) * 64 + run * 16 + i).to(torch.uint8)  # [1024, 4 runs, 16 bytes]
+    words = data.contiguous().view(torch.int32).to(device)
+    scales = (row[:, :, 0] // 4 + 0 * run[:, :, 0]).to(torch.int32).to(device)  # [1024, 4]
     got = torch.empty(1024, 128, dtype=torch.float32, device=device)
     want = torch.empty_like(got)
-    _both_decodes_kernel[(1,)](values, scales, got, want)
+    _both_decodes_kernel[(1,)](words, scales, got, want)
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got[~want.isnan()], want[~want.isnan()])
 

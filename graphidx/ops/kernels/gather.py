@@ -30,12 +30,14 @@ from graphidx.ops.kernels import (
     require_bf16_tensor_cores,
 )
 from graphidx.ops.kernels.mxfp4_tl import (
+    cache_words,
     decode_key_tile,
-    key_tile_bytes,
+    key_tile_words,
     load_query_tile,
     mma_operand,
     relu_propagate_nan,
     seq_of_row,
+    store_in_layout,
     tile_scores,
     tile_split,
 )
@@ -162,14 +164,14 @@ def _gather_logits_kernel(
             position = tl.where(scored, position, 0).to(tl.uint32)
             page = tl.load(block_row + position // E, mask=scored, other=0)
             page_ptr = kv_ptr + page.to(tl.int64) * page_stride
-            values, scales = key_tile_bytes(
+            values, scales = key_tile_words(
                 page_ptr, (position % E).to(tl.int32), scored, D, E, NPT, LANES, SUB, RUN, True
             )
             keys = decode_key_tile(values, scales, OPERANDS)
             scores = relu_propagate_nan(tile_scores(keys, queries_t, OPERANDS))
             logits = tl.sum(scores * weights[None, :], axis=1)
             logits = tl.where(scored, logits, float("-inf"))
-            tl.store(out_row + col, logits, mask=written)
+            store_in_layout(out_row + col, logits, written, OPERANDS)
     if CLEAN:
         for tile_start in range(tl.maximum(col_start, live), col_stop, BLOCK_N):
             col = tile_start + tl.arange(0, BLOCK_N)
@@ -246,13 +248,14 @@ def gather_mqa_logits(
     require_bf16_tensor_cores(q.device)
     cfg = config or default_config(candidate_block_size)
     check_config(cfg)
+    kv_words = cache_words(kv_cache)
     if rows == 0 or out_width == 0:
         return
     qsl = query_start_loc if query_start_loc is not None else context_lens
     grid = (rows, cdiv(out_width, GATHER_SPLIT_COLUMNS))
     _gather_logits_kernel[grid](
-        q, q_scale, kv_cache, weights, context_lens, block_table, positions, live_cols, out, qsl,
-        q.stride(0), q.stride(1), q_scale.stride(0), q_scale.stride(1), kv_cache.stride(0),
+        q, q_scale, kv_words, weights, context_lens, block_table, positions, live_cols, out, qsl,
+        q.stride(0), q.stride(1), q_scale.stride(0), q_scale.stride(1), kv_words.stride(0),
         weights.stride(0), block_table.stride(0), positions.stride(0), out.stride(0),
         # rows_per_seq is a runtime value: a prefill gather launch is one seq of any number
         # of rows, and a constexpr would compile the kernel again for every launch size.

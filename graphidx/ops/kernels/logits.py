@@ -50,15 +50,17 @@ from graphidx.ops.kernels import (
     require_bf16_tensor_cores,
 )
 from graphidx.ops.kernels.mxfp4_tl import (
+    cache_words,
     decode_key_tile,
-    key_tile_bytes,
-    key_tile_bytes_mma,
+    key_tile_words,
+    key_tile_words_mma,
     load_query_tile,
     max_propagate_nan,
     mma_operand,
     mma_tile_rows,
     relu_propagate_nan,
     seq_of_row,
+    store_in_layout,
     tile_scores,
     tile_split,
 )
@@ -112,7 +114,7 @@ class LogitsConfig:
 
 def uses_mma_rows(config: LogitsConfig, page_entries: int) -> bool:
     """Whether key tiles load in the 4-warp tensor-core operand layout
-    (`key_tile_bytes_mma`): one warpgroup, 64-key multiples lying in one page, not ROCm
+    (`key_tile_words_mma`): one warpgroup, 64-key multiples lying in one page, not ROCm
     (64-lane wavefronts break the lane mapping; the interpreter keeps it, for the tests)."""
     return (
         config.num_warps == 4
@@ -392,12 +394,13 @@ def _fetch_tile(
     MMA_ROWS: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """Raw bytes of keys [tile_start, tile_start + BLOCK_N) of one seq (see `key_tile_bytes`).
+    """Raw codes of keys [tile_start, tile_start + BLOCK_N) of one seq (see `key_tile_words`;
+    kv_ptr is the int32 cache of `cache_words`, page_stride in words).
 
     tile_start is a multiple of BLOCK_N. MASKED reads only keys below key_stop (a tile wholly
     past it reads nothing, not even its block-table entry); unmasked reads the whole tile.
     MMA_ROWS (4 warps, BLOCK_N a multiple of 64 dividing E) loads in the tensor-core
-    operand's thread layout (`key_tile_bytes_mma`).
+    operand's thread layout (`key_tile_words_mma`).
     """
     key = tile_start + tl.arange(0, BLOCK_N)
     live = key < key_stop
@@ -410,19 +413,19 @@ def _fetch_tile(
         page_ptr = kv_ptr + page.to(tl.int64) * page_stride
         if MMA_ROWS:
             rows = mma_tile_rows(BLOCK_N)
-            values, scales = key_tile_bytes_mma(
+            values, scales = key_tile_words_mma(
                 page_ptr, tile_start % E + rows, rows < key_stop - tile_start,
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MASKED,
             )  # fmt: skip
         else:
             entry = tile_start % E + tl.arange(0, BLOCK_N)
-            values, scales = key_tile_bytes(
+            values, scales = key_tile_words(
                 page_ptr, entry, live, D, E, NPT, LANES, SUB, RUN, MASKED
             )
     else:
         page = tl.load(block_row + key // E, mask=live, other=0)
         page_ptr = kv_ptr + page.to(tl.int64) * page_stride
-        values, scales = key_tile_bytes(page_ptr, key % E, live, D, E, NPT, LANES, SUB, RUN, MASKED)
+        values, scales = key_tile_words(page_ptr, key % E, live, D, E, NPT, LANES, SUB, RUN, MASKED)
     return values, scales
 
 
@@ -454,7 +457,7 @@ def _score_tile(
     logits = tl.sum(tl.reshape(scores, [BLOCK_N, BLOCK_R, HP]), axis=2)
     visible = key[:, None] < row_len[None, :]
     out_rows = out_ptr + row.to(tl.int64)[None, :] * out_row_stride
-    tl.store(out_rows + key[:, None], logits, mask=visible)
+    store_in_layout(out_rows + key[:, None], logits, visible, OPERANDS)
     if HAS_BLOCK_SCORES:
         BLOCKS: tl.constexpr = BLOCK_N // C
         masked = tl.where(visible, logits, float("-inf"))
@@ -776,6 +779,7 @@ def paged_mqa_logits(
     require_bf16_tensor_cores(q.device)
     if block_scores is not None:
         _check_block_size(candidate_block_size, cfg.block_n)
+    kv_words = cache_words(kv_cache)
     if rows == 0:
         return
 
@@ -806,7 +810,7 @@ def paged_mqa_logits(
         q.stride(1),
         q_scale.stride(0),
         q_scale.stride(1),
-        kv_cache.stride(0),
+        kv_words.stride(0),
         weights.stride(0),
         block_table.stride(0),
         out.stride(0),
@@ -817,7 +821,7 @@ def paged_mqa_logits(
             split = DECODE_SPLIT_KEYS
             grid: tuple[int, ...] = (multiprocessor_count(q.device) * cfg.programs_per_sm,)
             _logits_scheduled_kernel[grid](
-                q, q_scale, kv_cache, weights, context_lens, block_table, row_ends, out, bs,
+                q, q_scale, kv_words, weights, context_lens, block_table, row_ends, out, bs,
                 schedule, *strides, rows, num_seqs, width, cdiv(width, split),
                 ROWS_PER_SEQ=rows_per_seq, SPLIT=split, HEADER=SCHEDULE_HEADER_INTS,
                 ITEM=SCHEDULE_ITEM_INTS, **common,
@@ -831,7 +835,7 @@ def paged_mqa_logits(
                 groups = num_seqs * cdiv(rows_per_seq, cfg.block_r)
             grid = (groups, cdiv(width, split))
             _logits_static_kernel[grid](
-                q, q_scale, kv_cache, weights, context_lens, block_table, row_ends, out, bs,
+                q, q_scale, kv_words, weights, context_lens, block_table, row_ends, out, bs,
                 qsl, *strides, rows, num_seqs, width,
                 GROUPING=grouping, ROWS_PER_SEQ=rows_per_seq, SPLIT=split, **common,
             )  # fmt: skip

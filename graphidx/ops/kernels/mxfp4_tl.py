@@ -6,23 +6,27 @@ constexprs: D = head_dim, E = page_entries, NPT = n_per_tile, LANES = scale_lane
 
 Element order. A dot product does not care in which order its D terms are summed, as long as
 keys and queries use the same order; so tiles are decoded in *kernel order*, chosen to match
-how a tensor-core operand is spread over threads. In the MMA operand layout a thread of a
-quad (t = lane % 4) holds the element pairs (8j + 2t, 8j + 2t + 1) of its rows; kernel element
-8j + 2t + h is therefore mapped to memory byte t * D/8 + j, nibble h. Thread t then owns
-D/8 consecutive bytes of each row (one 16-byte chunk and one scale at D = 128): one vector
-load, no byte shuffles, and each register pair is one byte's two nibbles. Tiles are built as
-`[M, SUB, 16, 4]` (SUB = D / 128, or one half-chunk row `[M, 1, 8, 4]` at D = 64) and
-flattened to `[M, D]`; D must be 64, 128 or 256.
+how a tensor-core operand is spread over threads and so that whole 32-bit words of codes
+decode without byte shuffles. In the MMA operand layout a thread of a quad (t = lane % 4)
+holds the element pairs (8j + 2t, 8j + 2t + 1) of its rows; thread t owns the D/8 consecutive
+bytes t * D/8 ... of each row (one 16-byte chunk and one scale at D = 128: one vector load),
+read as words w = j // 4 (`RUN // 4` words per run, SUB runs). Pair j takes nibble j % 4 of
+the word's low half (bits 4i..4i+3, i = j % 4) as element 8j + 2t and nibble i of its high
+half (bits 16 + 4i..) as element 8j + 2t + 1: one shift and one mask put both codes of a
+pair where a packed 16-bit pair wants them. In bytes: element 8j + 2t + h is memory byte
+t * D/8 + 4 (j // 4) + 2h + (j % 4) // 2, nibble j % 2. Tiles are built as
+`[M, SUB, RUN // 4, 4, 4]` (word, pair in word, thread of the quad; SUB = D / 128, or one
+half-chunk `RUN = 8` at D = 64) and flattened to `[M, D]`; D must be 64, 128 or 256.
 
-Decoding in float32 (`dequantize_tile`): the e2m1 code is placed in the top of an fp16 whose
+Decoding in float32 (`dequantize_tile`): each code is placed in the top of an fp16 whose
 exponent bias makes it `value * 2**-14`; one exact hardware conversion (fp16 -> fp32, which
 handles the e2m1 subnormal 0.5 correctly), a multiply by `2**14` and one by the e8m0 factor
 give the value itself. Undoing the `2**-14` before the scale keeps every value exact: with the
 factor left in, a query scaled by 2**-120 would fall below bf16's smallest subnormal.
 
-On NVIDIA GPUs (`OPERANDS_BF16X2`) key tiles skip float32 altogether: a byte's two nibbles
-are placed into a bf16 pair whose bits read `value * 2**-126` (exponent field `ee`, the
-subnormal 0.5 at `ee == 0` again exact), and one packed multiply per factor scales the pair by
+On NVIDIA GPUs (`OPERANDS_BF16X2`) key tiles skip float32 altogether: a pair's two codes are
+placed into a bf16 pair whose bits read `value * 2**-126` (exponent field `ee`, the subnormal
+0.5 at `ee == 0` again exact), and one packed multiply per factor scales the pair by
 `2**(E - 1)`, split in two powers of two that bf16 always holds.
 
 Exactness: every decoded element is an e2m1 value times a power of two, exact in bf16 (the
@@ -33,6 +37,7 @@ float32 accumulator. An e8m0 byte of 0xFF is NaN and propagates; byte 0 is 2**-1
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -42,13 +47,14 @@ from graphidx.ops.kernels import OPERANDS_FP32 as _FP32_MODE
 FP16_CODE_FACTOR = tl.constexpr(float(2**14))
 """Undoes the `2**-14` of an e2m1 code read as an fp16 (see the module docstring)."""
 
-FP16_PAIR_MAGNITUDES = tl.constexpr((0x00200200, 0x0E000E00))
-"""(multiplier, mask) placing a byte's two 3-bit e2m1 magnitudes at fp16 bits 9..11, 25..27."""
-BF16_PAIR_MAGNITUDES = tl.constexpr((0x00040040, 0x01C001C0))
-"""(multiplier, mask) placing a byte's two 3-bit e2m1 magnitudes at bf16 bits 6..8, 22..24."""
-PAIR_SIGNS = tl.constexpr((0x01001000, -0x7FFF8000))
-"""(multiplier, mask) placing a byte's two sign bits at bits 15 and 31 (0x80008000): the
-sign of both halves of an fp16 or a bf16 pair."""
+PAIR_NIBBLES = tl.constexpr(0x000F000F)
+"""Keeps nibble 0 of both 16-bit halves of a word (pair i's nibbles, shifted down by 4 i)."""
+FP16_PAIR_FIELDS = tl.constexpr((0x00070007, 0x00080008))
+"""(magnitude, sign) bits of a nibble pair, moved up by 9 and 12 to make an fp16 pair."""
+BF16_PAIR_CODES = tl.constexpr((0x1040, -0x7E3F7E40))
+"""(multiplier, mask 0x81C081C0) turning a nibble pair into a bf16 pair reading
+`value * 2**-126`: times 2**6 + 2**12 copies the magnitude to bits 6..8 and the sign to bit
+15 of each half (the copies never overlap, so no carries); the mask keeps those bits."""
 FP32_OPERANDS = tl.constexpr(_FP32_MODE)
 BF16X2_OPERANDS = tl.constexpr(_BF16X2_MODE)
 """graphidx.ops.kernels.OPERANDS_FP32 / OPERANDS_BF16X2 as constexprs for the kernels."""
@@ -66,6 +72,19 @@ def tile_split(head_dim: int) -> tuple[int, int]:
     return max(1, per_thread // 16), min(16, per_thread)
 
 
+def cache_words(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The paged cache as int32 words `[pages, page_stride / 4]` (same memory), the kernels'
+    `kv_ptr`: codes load as words, scales through the same pointer read as bytes.
+    ValueError unless the page stride and the view's start are multiples of 4 bytes."""
+    if kv_cache.shape[1] % 4 or kv_cache.stride(0) % 4 or kv_cache.storage_offset() % 4:
+        raise ValueError(
+            "the triton backend reads kv_cache as 4-byte words: its page stride "
+            f"({kv_cache.stride(0)}), row length ({kv_cache.shape[1]}) and storage offset "
+            f"({kv_cache.storage_offset()}) must be multiples of 4"
+        )
+    return kv_cache.view(torch.int32)
+
+
 @triton.jit
 def e8m0_factor(scale_bytes):
     """float32 `2**(byte - 127)` for int32 scale bytes; 0xFF is NaN, 0 is 2**-127."""
@@ -78,62 +97,80 @@ def e8m0_factor(scale_bytes):
 
 
 @triton.jit
-def dequantize_tile(value_bytes, scale_bytes):
-    """Decode a kernel-order tile to float32 values: `[M, SUB * RUN * 4 * 2]`.
+def nibble_pairs(words):
+    """The code pairs of kernel-order words: int32 `[M, SUB, W, 4]` -> `[M, SUB, W, 4, 4]`
+    (the new axis, before the thread one, is the pair in the word).
 
-    value_bytes: int32 `[M, SUB, RUN, 4]`; scale_bytes: int32 `[M, SUB, 1, 4]` (the scale
-    of each thread group's run). Element (m, s, j, t, h) is nibble h of that byte.
+    Pair i of a word holds nibble i of its low half at bits 0..3 and nibble i of its high half
+    at bits 16..19 (see the module docstring), every other bit 0.
     """
-    rows: tl.constexpr = value_bytes.shape[0]
-    sub: tl.constexpr = value_bytes.shape[1]
-    run: tl.constexpr = value_bytes.shape[2]
-    # An e2m1 code s|eem placed at fp16 bits 15 and 9..11 is exactly value * 2**-14: the
-    # fp16 exponent field is `ee`, and ee == 0 is the fp16 subnormal m * 2**-15. With a
-    # byte b = s1 m1 s0 m0 (m: 3 bits), b * (2**9 + 2**21) is a sum of copies of its fields
-    # at disjoint bit ranges (no carries) that puts m0 at bits 9..11 and m1 at 25..27 of an
-    # fp16 pair; b * (2**12 + 2**24) puts s0 at bit 15 and s1 at bit 31. Masks keep those.
-    magnitudes = (value_bytes * FP16_PAIR_MAGNITUDES[0]) & FP16_PAIR_MAGNITUDES[1]
-    signs = (value_bytes * PAIR_SIGNS[0]) & PAIR_SIGNS[1]
-    pair = magnitudes | signs
-    low = pair.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    high = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    factor = e8m0_factor(scale_bytes)
-    pairs = tl.join((low * FP16_CODE_FACTOR) * factor, (high * FP16_CODE_FACTOR) * factor)
-    return tl.reshape(pairs, [rows, sub * run * 8])
+    rows: tl.constexpr = words.shape[0]
+    sub: tl.constexpr = words.shape[1]
+    count: tl.constexpr = words.shape[2]
+    pairs = tl.join(
+        tl.join(words & PAIR_NIBBLES, (words >> 8) & PAIR_NIBBLES),
+        tl.join((words >> 4) & PAIR_NIBBLES, (words >> 12) & PAIR_NIBBLES),
+    )  # [M, SUB, W, 4, 2, 2]: pair 2 a + b at [a, b]
+    pairs = tl.reshape(pairs, [rows, sub, count, 4, 4])
+    return tl.permute(pairs, (0, 1, 2, 4, 3))
 
 
 @triton.jit
-def bf16x2_pair_bits(value_bytes, scale_bytes):
-    """The integer half of `dequantize_keys_bf16x2` (the part the interpreter can run):
-    int32 (pair, low factors, high factors), element-wise over value bytes and their scale
-    bytes. `pair` holds a byte's two codes as a bf16 pair reading `value * 2**-126`; the
-    factors are bf16 pairs of powers of two whose product is `2**(E - 1)` (NaN at E = 255).
+def _fp16_pairs(pairs):
+    """Nibble pairs as fp16 pairs reading `value * 2**-14`: magnitude at bits 9..11 (the
+    exponent field is the code's `ee`, ee == 0 the subnormal m * 2**-15), sign at bit 15."""
+    return ((pairs & FP16_PAIR_FIELDS[0]) << 9) | ((pairs & FP16_PAIR_FIELDS[1]) << 12)
+
+
+@triton.jit
+def dequantize_tile(words, scale_bytes):
+    """Decode a kernel-order tile to float32 values: `[M, SUB * W * 32]`.
+
+    words: int32 `[M, SUB, W, 4]` (W = RUN // 4 words of each thread group's run);
+    scale_bytes: int32 `[M, SUB, 1, 4]` (the scale of each run).
     """
-    # A byte b = s1 m1 s0 m0 times (2**6 + 2**18) puts m0 at bits 6..8 and m1 at 22..24, times
-    # (2**12 + 2**24) puts s0 at bit 15 and s1 at bit 31 (copies never overlap, so no carries):
-    # a bf16 pair whose exponent fields are the codes' `ee`, each element `value * 2**-126`.
-    magnitudes = (value_bytes * BF16_PAIR_MAGNITUDES[0]) & BF16_PAIR_MAGNITUDES[1]
-    signs = (value_bytes * PAIR_SIGNS[0]) & PAIR_SIGNS[1]
+    rows: tl.constexpr = words.shape[0]
+    sub: tl.constexpr = words.shape[1]
+    count: tl.constexpr = words.shape[2]
+    pair = _fp16_pairs(nibble_pairs(words))  # [M, SUB, W, 4, 4]
+    low = pair.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    high = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    factor = tl.expand_dims(e8m0_factor(scale_bytes), 3)
+    pairs = tl.join((low * FP16_CODE_FACTOR) * factor, (high * FP16_CODE_FACTOR) * factor)
+    return tl.reshape(pairs, [rows, sub * count * 32])
+
+
+@triton.jit
+def bf16x2_pair_bits(pairs, scale_bytes):
+    """The integer half of `dequantize_keys_bf16x2` (the part the interpreter can run):
+    int32 (pair, low factors, high factors), element-wise over nibble pairs (`nibble_pairs`)
+    and their scale bytes. `pair` holds the two codes as a bf16 pair reading
+    `value * 2**-126`; the factors are bf16 pairs of powers of two whose product is
+    `2**(E - 1)` (NaN at E = 255).
+    """
+    codes = (pairs * BF16_PAIR_CODES[0]) & BF16_PAIR_CODES[1]
     # Scale by 2**(E - 1) = 2**low * 2**high, low = floor((E - 1) / 2) in [-1, 126], high in
     # [0, 127]: both factors are normal bf16, and the intermediate (>= 2**-128) stays exact.
     shift = scale_bytes - 1
     low = shift >> 1
     low_bits = (low + 127) << 7
     high_bits = tl.where(scale_bytes == 255, 0x7FC0, (shift - low + 127) << 7)
-    return magnitudes | signs, low_bits | (low_bits << 16), high_bits | (high_bits << 16)
+    return codes, low_bits | (low_bits << 16), high_bits | (high_bits << 16)
 
 
 @triton.jit
-def dequantize_keys_bf16x2(value_bytes, scale_bytes):
-    """Decode a kernel-order tile straight to bf16 `value * 2**(E - 127)`: `[M, SUB * RUN * 8]`.
+def dequantize_keys_bf16x2(words, scale_bytes):
+    """Decode a kernel-order tile straight to bf16 `value * 2**(E - 127)`: `[M, SUB * W * 32]`.
 
     Same arguments, element order and values as `dequantize_tile`. NVIDIA only
     (inline PTX `fma.rn.bf16x2`, sm_80+). E = 255 gives NaN, E = 0 bf16 subnormals.
     """
-    rows: tl.constexpr = value_bytes.shape[0]
-    sub: tl.constexpr = value_bytes.shape[1]
-    run: tl.constexpr = value_bytes.shape[2]
-    pair, low_factors, high_factors = bf16x2_pair_bits(value_bytes, scale_bytes)
+    rows: tl.constexpr = words.shape[0]
+    sub: tl.constexpr = words.shape[1]
+    count: tl.constexpr = words.shape[2]
+    pair, low_factors, high_factors = bf16x2_pair_bits(
+        nibble_pairs(words), tl.expand_dims(scale_bytes, 3)
+    )
     pair = tl.inline_asm_elementwise(
         "{ .reg .b32 nz, t; mov.b32 nz, 0x80008000; "
         "fma.rn.bf16x2 t, $1, $2, nz; fma.rn.bf16x2 $0, t, $3, nz; }",
@@ -145,42 +182,46 @@ def dequantize_keys_bf16x2(value_bytes, scale_bytes):
     )
     first = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
     second = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return tl.reshape(tl.join(first, second), [rows, sub * run * 8])
+    return tl.reshape(tl.join(first, second), [rows, sub * count * 32])
 
 
 @triton.jit
-def _kernel_order_bytes(SUB: tl.constexpr, RUN: tl.constexpr):
-    """Memory byte (within an entry) and its chunk for every (s, j, t) of a kernel-order tile.
-
-    Returns int32 `[1, SUB, RUN, 4]` byte indices and `[1, SUB, 1, 4]` chunk indices.
-    """
+def _run_starts(SUB: tl.constexpr, RUN: tl.constexpr):
+    """First byte (within an entry) and chunk of every thread group's run: int32
+    `[1, SUB, 1, 4]` each (byte t * SUB * RUN + s * RUN, chunk byte // 16)."""
     s = tl.arange(0, SUB)[None, :, None, None]
-    j = tl.arange(0, RUN)[None, None, :, None]
     t = tl.arange(0, 4)[None, None, None, :]
-    first = t * (SUB * RUN) + s * RUN  # first byte of the thread group's run
-    return first + j, first // 16
+    first = t * (SUB * RUN) + s * RUN
+    return first, first // 16
 
 
 @triton.jit
-def _entry_offsets(entry, byte, chunk, D: tl.constexpr, E: tl.constexpr,
+def _entry_offsets(entry, first, chunk, D: tl.constexpr, E: tl.constexpr,
                    NPT: tl.constexpr, LANES: tl.constexpr):  # fmt: skip
-    """Byte offsets within a page (graphidx.mxfp4.layout): ((value, scale) parts of each
-    entry slot, (value, scale) parts of each kernel-order byte / chunk); add a part of each
-    kind to the page pointer. Shapes broadcast like the arguments."""
+    """Offsets within a page (graphidx.mxfp4.layout): ((codes in words, scales in bytes) of
+    each entry slot, (codes in words, scales in bytes) of each run starting at entry byte
+    `first` / chunk); add a part of each kind to the page pointer of its unit. Shapes
+    broadcast like the arguments."""
     # Slots are never negative: unsigned division by the power-of-two tile is a shift.
     slot = entry.to(tl.uint32)
     tile = (slot // NPT).to(tl.int32)
     local = (slot % NPT).to(tl.int32)
     scales_per_lane: tl.constexpr = (D // 32) // LANES
-    entry_value = tile * (NPT * (D // 2)) + local * 16
+    entry_words = tile * (NPT * (D // 8)) + local * 4
     entry_scale = E * (D // 2) + tile * (NPT * (D // 32)) + local * scales_per_lane
-    byte_value = (byte // 16) * (NPT * 16) + byte % 16
+    run_words = (first // 16) * (NPT * 4) + (first % 16) // 4
     chunk_scale = (chunk % LANES) * (NPT * scales_per_lane) + chunk // LANES
-    return entry_value, entry_scale, byte_value, chunk_scale
+    return entry_words, entry_scale, run_words, chunk_scale
 
 
 @triton.jit
-def key_tile_bytes(
+def as_bytes(word_ptr):
+    """An int32 page pointer as a uint8 one (scales are single bytes)."""
+    return word_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
+
+
+@triton.jit
+def key_tile_words(
     page_ptr,
     entry,
     live,
@@ -192,20 +233,25 @@ def key_tile_bytes(
     RUN: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """Load the raw bytes of keys `entry` of their pages, kernel order: uint8 values
-    `[M, SUB, RUN, 4]` and scales `[M, SUB, 1, 4]` (decode with `decode_key_tile`).
+    """Load the raw codes of keys `entry` of their pages, kernel order: int32 words
+    `[M, SUB, RUN // 4, 4]` and uint8 scales `[M, SUB, 1, 4]` (decode with `decode_key_tile`).
 
-    page_ptr: uint8 pointer to each key's page (`[M]` pointers), or one scalar pointer when
-    the whole tile lies in one page; entry: int32 `[M]`, each key's slot in its page; live:
-    bool `[M]`, the keys to read when MASKED (others read as value 0, scale 127 and touch no
-    memory); with MASKED false every key is read.
+    page_ptr: int32 pointer to each key's page (`[M]` pointers, `cache_words`), or one scalar
+    pointer when the whole tile lies in one page; entry: int32 `[M]`, each key's slot in its
+    page; live: bool `[M]`, the keys to read when MASKED (others read as codes 0, scale 127
+    and touch no memory); with MASKED false every key is read.
     """
-    byte, chunk = _kernel_order_bytes(SUB, RUN)
-    entry_value, entry_scale, byte_value, chunk_scale = _entry_offsets(
-        entry, byte, chunk, D, E, NPT, LANES
+    first, chunk = _run_starts(SUB, RUN)
+    word = tl.arange(0, RUN // 4)[None, None, :, None]
+    entry_words, entry_scale, run_words, chunk_scale = _entry_offsets(
+        entry, first, chunk, D, E, NPT, LANES
     )
-    value_ptrs = (page_ptr + entry_value)[:, None, None, None] + byte_value
-    scale_ptrs = (page_ptr + entry_scale)[:, None, None, None] + chunk_scale
+    # A lane's run is RUN // 4 contiguous words from a multiple of RUN // 4 (beyond what
+    # Triton's analysis can tell): the hints let each run load as one vector.
+    W: tl.constexpr = RUN // 4
+    words = tl.max_contiguous(tl.multiple_of(run_words + word, [1, 1, W, 1]), [1, 1, W, 1])
+    value_ptrs = (page_ptr + entry_words)[:, None, None, None] + words
+    scale_ptrs = (as_bytes(page_ptr) + entry_scale)[:, None, None, None] + chunk_scale
     if MASKED:
         values = tl.load(value_ptrs, mask=live[:, None, None, None], other=0)
         scales = tl.load(scale_ptrs, mask=live[:, None, None, None], other=127)
@@ -217,7 +263,7 @@ def key_tile_bytes(
 
 @triton.jit
 def mma_tile_rows(BLOCK_N: tl.constexpr):
-    """Tile row of every (g, w, p, r) in `key_tile_bytes_mma`'s index space: int32
+    """Tile row of every (g, w, p, r) in `key_tile_words_mma`'s index space: int32
     `[1, 8, 4, BLOCK_N // 64, 2, 1, 1]`, row m = g + 8 r + 16 w + 64 p."""
     g = tl.arange(0, 8)[None, :, None, None, None, None, None]
     w = tl.arange(0, 4)[None, None, :, None, None, None, None]
@@ -227,7 +273,7 @@ def mma_tile_rows(BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def key_tile_bytes_mma(
+def key_tile_words_mma(
     page_ptr,
     entry,
     live,
@@ -240,49 +286,56 @@ def key_tile_bytes_mma(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """`key_tile_bytes` for a tile of BLOCK_N keys (a multiple of 64), loaded straight in the
+    """`key_tile_words` for a tile of BLOCK_N keys (a multiple of 64), loaded straight in the
     thread layout of a 4-warp (one warpgroup) tensor-core A operand, so the decoded tile needs
     no shuffle through shared memory.
 
-    page_ptr, entry, live: each tile row's page (uint8 pointer), slot in it (int32) and
+    page_ptr, entry, live: each tile row's page (int32 pointer), slot in it (int32) and
     whether to read it (MASKED only), indexed like `mma_tile_rows(BLOCK_N)` (or scalars).
 
     In that layout a key row m = g + 8 r + 16 w + 64 p sits in lane 4 g + t of warp w
     (register r, repetition p), and lane t holds the row's bytes t * D/8 ... (kernel order).
-    The loads are built as `[t, g, w, p, r, SUB, RUN]`: Triton lays a load's threads along
-    its dimensions in order of contiguity, ties in dimension order, so lanes go to t then g
-    and warps to w, as the operand wants; a permute and a reshape (no data movement) then
-    give the `[BLOCK_N, SUB, RUN, 4]` tile.
+    The loads are built as `[t, g, w, p, r, SUB, RUN // 4]`: Triton lays a load's threads
+    along its dimensions in order of contiguity, ties in dimension order, so lanes go to t
+    then g and warps to w, as the operand wants; a permute and a reshape (no data movement)
+    then give the `[BLOCK_N, SUB, RUN // 4, 4]` tile.
     """
     t = tl.arange(0, 4)[:, None, None, None, None, None, None]
     s = tl.arange(0, SUB)[None, None, None, None, None, :, None]
-    j = tl.arange(0, RUN)[None, None, None, None, None, None, :]
-    first = t * (SUB * RUN) + s * RUN  # first byte of the lane's run (as _kernel_order_bytes)
-    entry_value, entry_scale, byte_value, chunk_scale = _entry_offsets(
-        entry, first + j, first // 16, D, E, NPT, LANES
+    word = tl.arange(0, RUN // 4)[None, None, None, None, None, None, :]
+    first = t * (SUB * RUN) + s * RUN  # first byte of the lane's run (as _run_starts)
+    entry_words, entry_scale, run_words, chunk_scale = _entry_offsets(
+        entry, first, first // 16, D, E, NPT, LANES
     )
-    value_ptrs = page_ptr + (entry_value + byte_value)
-    scale_ptrs = page_ptr + (entry_scale + chunk_scale)
+    # Each lane's run is RUN // 4 contiguous words starting at a multiple of RUN // 4 (beyond
+    # what Triton's analysis can tell): the hints let each run load as one vector.
+    W: tl.constexpr = RUN // 4
+    words = tl.max_contiguous(
+        tl.multiple_of(entry_words + run_words + word, [1, 1, 1, 1, 1, 1, W]),
+        [1, 1, 1, 1, 1, 1, W],
+    )
+    value_ptrs = page_ptr + words
+    scale_ptrs = as_bytes(page_ptr) + (entry_scale + chunk_scale)
     if MASKED:
         values = tl.load(value_ptrs, mask=live, other=0)
         scales = tl.load(scale_ptrs, mask=live, other=127)
     else:
         values = tl.load(value_ptrs)
         scales = tl.load(scale_ptrs)
-    # [t, g, w, p, r, s, j] -> [p, w, r, g, s, j, t] -> rows m = ((p * 4 + w) * 2 + r) * 8 + g.
-    values = tl.reshape(tl.permute(values, (3, 2, 4, 1, 5, 6, 0)), [BLOCK_N, SUB, RUN, 4])
+    # [t, g, w, p, r, s, word] -> [p, w, r, g, s, word, t]: rows m = ((p * 4 + w) * 2 + r) * 8 + g.
+    values = tl.reshape(tl.permute(values, (3, 2, 4, 1, 5, 6, 0)), [BLOCK_N, SUB, RUN // 4, 4])
     scales = tl.reshape(tl.permute(scales, (3, 2, 4, 1, 5, 6, 0)), [BLOCK_N, SUB, 1, 4])
     return values, scales
 
 
 @triton.jit
 def decode_key_tile(values, scales, OPERANDS: tl.constexpr):
-    """Keys from `key_tile_bytes` or `key_tile_bytes_mma`: `[M, D]` in kernel order, bf16 from
+    """Keys from `key_tile_words` or `key_tile_words_mma`: `[M, D]` in kernel order, bf16 from
     `dequantize_keys_bf16x2` under OPERANDS_BF16X2, else float32 from `dequantize_tile`."""
     if OPERANDS == BF16X2_OPERANDS:
-        keys = dequantize_keys_bf16x2(values.to(tl.int32), scales.to(tl.int32))
+        keys = dequantize_keys_bf16x2(values, scales.to(tl.int32))
     else:
-        keys = dequantize_tile(values.to(tl.int32), scales.to(tl.int32))
+        keys = dequantize_tile(values, scales.to(tl.int32))
     return keys
 
 
@@ -301,23 +354,27 @@ def load_query_tile(
     RUN: tl.constexpr,
 ):
     """Decode query heads `(row[m], head[m])`: float32 `[M, D]` in kernel order, 0 where not
-    live. q: uint8 `[rows, H, D/2]`, q_scale: uint8 `[rows, H, D/32]`, last dims contiguous.
+    live. q: uint8 `[rows, H, D/2]`, q_scale: uint8 `[rows, H, D/32]`, last dims contiguous
+    (any alignment: bytes are loaded one by one and assembled into words).
     """
-    byte, chunk = _kernel_order_bytes(SUB, RUN)
+    first, chunk = _run_starts(SUB, RUN)
+    word = tl.arange(0, RUN // 4)[None, None, :, None, None]
+    byte = tl.arange(0, 4)[None, None, None, None, :]
     row64 = row.to(tl.int64)
     value_base = row64 * q_row_stride + head * q_head_stride
     values = tl.load(
-        q_ptr + value_base[:, None, None, None] + byte,
-        mask=live[:, None, None, None],
+        q_ptr + value_base[:, None, None, None, None] + first[:, :, :, :, None] + 4 * word + byte,
+        mask=live[:, None, None, None, None],
         other=0,
-    )
+    )  # [M, SUB, W, 4, 4 bytes]
+    words = tl.sum(values.to(tl.int32) << (8 * byte), axis=4)
     scale_base = row64 * qs_row_stride + head * qs_head_stride
     scales = tl.load(
         q_scale_ptr + scale_base[:, None, None, None] + chunk,
         mask=live[:, None, None, None],
         other=127,
     )
-    return dequantize_tile(values.to(tl.int32), scales.to(tl.int32))
+    return dequantize_tile(words, scales.to(tl.int32))
 
 
 @triton.jit
@@ -341,6 +398,25 @@ def tile_scores(keys, queries_t, OPERANDS: tl.constexpr):
     else:
         scores = tl.dot(keys.to(tl.bfloat16), queries_t)
     return scores
+
+
+@triton.jit
+def store_in_layout(ptrs, values, mask, OPERANDS: tl.constexpr):
+    """`tl.store(ptrs, values, mask=mask)` for float32 values, issued from the threads that
+    hold them under OPERANDS_BF16X2 (inline PTX): Triton would first move a tile-sized result
+    into a coalesced layout through shared memory, a barrier per tile. Threads holding the
+    same element store the same value twice, which is harmless. Plain `tl.store` elsewhere."""
+    if OPERANDS == BF16X2_OPERANDS:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.f32 [$1], $3; mov.b32 $0, 0; }",
+            "=r,l,r,r",
+            [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32), values],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        tl.store(ptrs, values, mask=mask)
 
 
 @triton.jit
@@ -376,24 +452,28 @@ def seq_of_row(row, qsl_ptr, num_seqs):
 
 
 __all__ = [
-    "BF16_PAIR_MAGNITUDES",
+    "BF16_PAIR_CODES",
     "FP16_CODE_FACTOR",
-    "FP16_PAIR_MAGNITUDES",
-    "PAIR_SIGNS",
+    "FP16_PAIR_FIELDS",
+    "PAIR_NIBBLES",
     "SUPPORTED_HEAD_DIMS",
+    "as_bytes",
     "bf16x2_pair_bits",
+    "cache_words",
     "decode_key_tile",
     "dequantize_keys_bf16x2",
     "dequantize_tile",
     "e8m0_factor",
-    "key_tile_bytes",
-    "key_tile_bytes_mma",
+    "key_tile_words",
+    "key_tile_words_mma",
     "load_query_tile",
     "max_propagate_nan",
     "mma_operand",
     "mma_tile_rows",
+    "nibble_pairs",
     "relu_propagate_nan",
     "seq_of_row",
+    "store_in_layout",
     "tile_scores",
     "tile_split",
 ]
