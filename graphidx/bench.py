@@ -486,7 +486,7 @@ def _sweep_point(label: str, build: Callable[[], CaseResult]) -> CaseResult:
 
 
 def _config_label(point: tuple[object, ...]) -> str:
-    names = ("n", "r", "w", "s", "reg", "p/SM", "prefetch")
+    names = ("n", "r", "w", "s", "reg", "p/SM", "prefetch", "halves")
     return " ".join(f"{name}{value}" for name, value in zip(names, point, strict=False))
 
 
@@ -502,25 +502,31 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
     results = []
     decode_points: dict[int, list[tuple[Any, ...]]] = {
         # heads: LogitsConfig fields (block_n, block_r, num_warps, num_stages, max_registers,
-        # programs_per_sm, prefetch); the first point of each is the default, run twice (first
-        # and last): the run-to-run spread next to the differences.
-        64: [(64, 2, 4, 1, 128, 2, True), (64, 2, 4, 1, None, 2, True),
-             (64, 2, 4, 1, 168, 2, True), (64, 2, 4, 1, None, 2, False),
-             (128, 2, 4, 1, None, 2, True), (64, 2, 4, 1, 128, 2, True)],
-        32: [(64, 2, 4, 1, None, 2, True), (64, 2, 4, 1, 128, 2, True),
-             (64, 2, 4, 1, None, 2, False), (128, 2, 4, 1, None, 2, True),
+        # programs_per_sm, prefetch, halves); the first point of each is the default, run
+        # twice (first and last): the run-to-run spread next to the differences.
+        64: [(64, 2, 4, 1, 128, 2, True), (64, 2, 4, 1, 128, 2, True, True),
+             (64, 2, 4, 1, None, 2, True, True), (64, 2, 4, 1, 128, 2, True)],
+        32: [(64, 2, 4, 1, None, 2, True), (64, 2, 4, 1, 128, 2, True, True),
              (64, 2, 4, 1, None, 2, True)],
     }  # fmt: skip
+    schedule_points: tuple[tuple[Any, ...], ...] = (
+        (64, 2, 4, 1, 128, 2, True), (64, 2, 4, 1, 128, 4, True),
+        (64, 2, 4, 1, 128, 2, True, True), (64, 2, 4, 1, 128, 4, True, True),
+    )  # fmt: skip
     for heads, contexts, page_entries in ((64, [16384] * 64, 64), (32, [65536] * 64, 128)):
-        for point in decode_points[heads]:
-            label = f"sweep decode H{heads} {_config_label(point)}"
+        points = [(point, False) for point in decode_points[heads]]
+        points += [(point, True) for point in schedule_points if heads == 64 or len(point) < 8]
+        for point, use_schedule in points:
+            how = " (schedule)" if use_schedule else ""
+            label = f"sweep decode{how} H{heads} {_config_label(point)}"
             build = functools.partial(
                 dense_decode_case, label, heads, 2, contexts, page_entries, ceilings, device,
-                config=LogitsConfig(*point),
+                use_schedule=use_schedule, config=LogitsConfig(*point),
             )  # fmt: skip
             results.append(_sweep_point(label, build))
     prefill_points: tuple[tuple[Any, ...], ...] = (
-        (64, 2, 4, 1, 168), (64, 2, 4, 1, None), (64, 2, 4, 1, 128),
+        (64, 2, 4, 1, 168), (64, 2, 4, 1, 168, 2, False, True),
+        (64, 2, 4, 1, 128, 2, False, True), (64, 2, 4, 1, None),
     )  # fmt: skip
     for point in prefill_points:
         label = f"sweep prefill {_config_label(point)}"
@@ -531,10 +537,10 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
         results.append(_sweep_point(label, build))
     skewed = [131072] + [1024] * 63
     even = [sum(skewed) // len(skewed)] * len(skewed)
-    for (name, contexts), registers in itertools.product(
-        (("skewed", skewed), ("even", even)), (128, None)
+    for (name, contexts), (programs, halves) in itertools.product(
+        (("skewed", skewed), ("even", even)), ((2, False), (4, True))
     ):
-        point = (64, 2, 4, 1, registers, 2, True)
+        point = (64, 2, 4, 1, 128, programs, True, halves)
         label = f"sweep decode {name} (schedule) H64 {_config_label(point)}"
         build = functools.partial(
             dense_decode_case, label, 64, 2, contexts, 64, ceilings, device, use_schedule=True,

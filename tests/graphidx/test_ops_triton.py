@@ -443,6 +443,42 @@ def test_dense_logits_mma_shaped_tile_loads(
         assert_logits_match(got_bs[r, :written], want_bs[r, :written])
 
 
+@pytest.mark.parametrize("kind", ["next_n", "qsl"])
+def test_dense_logits_halves(gen: torch.Generator, kind: str) -> None:
+    """`LogitsConfig.halves`: each tile's two MMAs over the first and the second half of the
+    row block give the reference's logits and block scores (decode next_n 4 with 2-row
+    halves; prefill blocks of 4 rows over seqs of 5 / 0 / 9 rows)."""
+    from graphidx.ops.kernels.logits import LogitsConfig
+
+    config = LogitsConfig(
+        block_n=64, block_r=4, num_warps=4, num_stages=1, max_registers=None, halves=True
+    )
+    if kind == "next_n":
+        contexts, next_n = [150, 64, 3], 4
+        rows, extra = len(contexts) * next_n, {"next_n": next_n}
+        row_ends = torch.tensor(
+            [c - (next_n - 1 - j) for c in contexts for j in range(next_n)], dtype=torch.int32
+        )
+    else:
+        contexts = [131, 40, 192]
+        rows, _, extra = grouping("qsl", [5, 0, 9])
+        seqs = seq_of_rows("qsl", [5, 0, 9], rows)
+        row_ends = torch.tensor(
+            [contexts[s] - (rows - 1 - r) % 7 for r, s in enumerate(seqs)], dtype=torch.int32
+        )
+    cache = make_cache(gen, contexts, num_heads=4, head_dim=128, page_entries=64)
+    queries = make_queries(gen, rows, 4, 128)
+    blocks = {"block_size": 16, "block_cols": 208 // 16}
+    want, want_bs = run_dense("reference", cache, queries, row_ends, 208, extra, **blocks)
+    got, got_bs = run_dense("triton", cache, queries, row_ends, 208, extra, config=config,
+                            **blocks)  # fmt: skip
+    assert_logits_match(got, want)
+    assert want_bs is not None and got_bs is not None
+    for r in range(rows):
+        written = cdiv(max(0, min(int(row_ends[r]), 208)), 16)
+        assert_logits_match(got_bs[r, :written], want_bs[r, :written])
+
+
 def test_dense_prefill_mma_shaped_tile_loads(gen: torch.Generator) -> None:
     """Prefill row blocks (query_start_loc, seqs of 5 / 0 / 9 rows) through the operand-layout
     loads: unaligned seq heads, causal ends inside and on tile boundaries."""
@@ -473,15 +509,15 @@ def test_dense_prefill_mma_shaped_tile_loads(gen: torch.Generator) -> None:
         ("programs_per_sm", 0),
         ("max_registers", 300),
         ("prefetch", True),  # block_n 64 does not divide page_entries 32
+        ("halves", True),  # with block_r 1
     ],
 )
 def test_logits_config_refused(gen: torch.Generator, field: str, value: object) -> None:
     """A config the kernels cannot run raises ValueError naming the field, before launch."""
-    from dataclasses import replace
-
     from graphidx.ops.kernels.logits import LogitsConfig
 
-    config = replace(LogitsConfig(block_n=64, block_r=2, num_warps=4, num_stages=1),
+    block_r = 1 if field == "halves" else 2
+    config = replace(LogitsConfig(block_n=64, block_r=block_r, num_warps=4, num_stages=1),
                      **{field: value})  # fmt: skip
     cache = make_cache(gen, [40], num_heads=4, head_dim=64, page_entries=32)
     queries = make_queries(gen, 2, 4, 64)

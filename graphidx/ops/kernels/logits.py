@@ -110,6 +110,9 @@ class LogitsConfig:
     for num_stages 1, where Triton does not pipeline the loads itself). Needs tiles within
     one page (page_entries % block_n == 0): a partial last tile then reads its page's
     remaining slots, which are allocated, and never writes them out."""
+    halves: bool = False
+    """Two MMAs per tile, over the first and the second block_r / 2 rows, each followed by
+    its own epilogue: half the accumulator registers live at a time (needs block_r >= 2)."""
 
 
 def uses_mma_rows(config: LogitsConfig, page_entries: int) -> bool:
@@ -147,6 +150,8 @@ def check_config(config: LogitsConfig, page_entries: int) -> None:
             )
         if operand_mode() != OPERANDS_BF16X2:
             raise ValueError("config.max_registers is an NVIDIA GPU option (Triton's maxnreg)")
+    if config.halves and config.block_r < 2:
+        raise ValueError(f"config.halves needs block_r >= 2, got {config.block_r}")
     if config.prefetch and page_entries % config.block_n:
         raise ValueError(
             f"config.prefetch needs block_n ({config.block_n}) to divide page_entries "
@@ -243,6 +248,7 @@ def _score_group(
     OPERANDS: tl.constexpr,
     MMA_ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    HALVES: tl.constexpr,
 ):
     """Score keys [key_start, key_stop) of row group `group` (see the module docstring)."""
     if GROUPING == 1:
@@ -297,7 +303,7 @@ def _score_group(
             key_start, key_stop, row, row_len, queries_t, weights, out_ptr, bs_ptr,
             out_row_stride, bs_row_stride, kv_ptr, block_row, page_stride,
             HP, D, SUB, RUN, E, NPT, LANES, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
-            MMA_ROWS, PREFETCH,
+            MMA_ROWS, PREFETCH, HALVES,
         )  # fmt: skip
 
 
@@ -330,11 +336,22 @@ def _walk_tiles(
     OPERANDS: tl.constexpr,
     MMA_ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    HALVES: tl.constexpr,
 ):
     """Score one row group's keys [key_start, key_stop) (key_start < key_stop, a multiple of
-    BLOCK_N) tile by tile: full tiles unmasked, then the partial tail."""
+    BLOCK_N) tile by tile: full tiles unmasked, then the partial tail. HALVES: each tile takes
+    two MMAs over the first and the second half of the group's rows (`LogitsConfig.halves`)."""
     full_stop = key_start + (key_stop - key_start) // BLOCK_N * BLOCK_N
-    tile_args = (row, row_len, queries_t, weights, out_ptr, bs_ptr, out_row_stride, bs_row_stride)
+    if HALVES:
+        row_a, row_b = _halves(row)
+        len_a, len_b = _halves(row_len)
+        queries_a, queries_b = _column_halves(queries_t)
+        weights_a, weights_b = _halves(weights)
+        tile_args = (row_a, len_a, queries_a, weights_a, row_b, len_b, queries_b, weights_b,
+                     out_ptr, bs_ptr, out_row_stride, bs_row_stride)  # fmt: skip
+    else:
+        tile_args = (row, row_len, queries_t, weights, row, row_len, queries_t, weights,
+                     out_ptr, bs_ptr, out_row_stride, bs_row_stride)  # fmt: skip
     fetch_args = (kv_ptr, block_row, page_stride)
     if PREFETCH:
         # One tile ahead in registers: the next tile's loads are in flight while this one
@@ -351,13 +368,13 @@ def _walk_tiles(
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
             )  # fmt: skip
             keys = decode_key_tile(values, scales, OPERANDS)
-            _score_tile(tile_start, keys, *tile_args,
-                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+            _score_rows(tile_start, keys, *tile_args,
+                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
             values, scales = next_values, next_scales
         if full_stop < key_stop:  # the tail tile, already fetched
             keys = decode_key_tile(values, scales, OPERANDS)
-            _score_tile(full_stop, keys, *tile_args,
-                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+            _score_rows(full_stop, keys, *tile_args,
+                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
     else:
         for tile_start in range(key_start, full_stop, BLOCK_N):
             values, scales = _fetch_tile(
@@ -365,16 +382,16 @@ def _walk_tiles(
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
             )  # fmt: skip
             keys = decode_key_tile(values, scales, OPERANDS)
-            _score_tile(tile_start, keys, *tile_args,
-                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+            _score_rows(tile_start, keys, *tile_args,
+                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
         if full_stop < key_stop:
             values, scales = _fetch_tile(
                 full_stop, key_stop, *fetch_args,
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, True,
             )  # fmt: skip
             keys = decode_key_tile(values, scales, OPERANDS)
-            _score_tile(full_stop, keys, *tile_args,
-                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+            _score_rows(full_stop, keys, *tile_args,
+                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
 
 
 @triton.jit
@@ -427,6 +444,58 @@ def _fetch_tile(
         page_ptr = kv_ptr + page.to(tl.int64) * page_stride
         values, scales = key_tile_words(page_ptr, key % E, live, D, E, NPT, LANES, SUB, RUN, MASKED)
     return values, scales
+
+
+@triton.jit
+def _halves(x):
+    """[N] -> its first and second halves."""
+    size: tl.constexpr = x.shape[0]
+    return tl.split(tl.permute(tl.reshape(x, [2, size // 2]), (1, 0)))
+
+
+@triton.jit
+def _column_halves(x):
+    """[D, N] -> its first and second N / 2 columns."""
+    rows: tl.constexpr = x.shape[0]
+    columns: tl.constexpr = x.shape[1]
+    return tl.split(tl.permute(tl.reshape(x, [rows, 2, columns // 2]), (0, 2, 1)))
+
+
+@triton.jit
+def _score_rows(
+    tile_start,
+    keys,
+    row_a,
+    len_a,
+    queries_a,
+    weights_a,
+    row_b,
+    len_b,
+    queries_b,
+    weights_b,
+    out_ptr,
+    bs_ptr,
+    out_row_stride,
+    bs_row_stride,
+    HP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BLOCK_SCORES: tl.constexpr,
+    C: tl.constexpr,
+    OPERANDS: tl.constexpr,
+    HALVES: tl.constexpr,
+):
+    """`_score_tile` over the group's rows (the `_a` set), or over each half of them in turn
+    under HALVES (`_a` then `_b`, BLOCK_R / 2 rows each)."""
+    tile_args = (out_ptr, bs_ptr, out_row_stride, bs_row_stride)
+    if HALVES:
+        _score_tile(tile_start, keys, row_a, len_a, queries_a, weights_a, *tile_args,
+                    HP, BLOCK_R // 2, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+        _score_tile(tile_start, keys, row_b, len_b, queries_b, weights_b, *tile_args,
+                    HP, BLOCK_R // 2, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+    else:
+        _score_tile(tile_start, keys, row_a, len_a, queries_a, weights_a, *tile_args,
+                    HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
 
 
 @triton.jit
@@ -513,6 +582,7 @@ def _logits_static_kernel(
     OPERANDS: tl.constexpr,
     MMA_ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    HALVES: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
     """Grid (groups, key splits): program (g, i) scores keys [i * SPLIT, (i + 1) * SPLIT)."""
@@ -560,6 +630,7 @@ def _logits_static_kernel(
         OPERANDS,
         MMA_ROWS,
         PREFETCH,
+        HALVES,
     )
 
 
@@ -604,6 +675,7 @@ def _logits_scheduled_kernel(
     OPERANDS: tl.constexpr,
     MMA_ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    HALVES: tl.constexpr,
     SPLIT: tl.constexpr,
     HEADER: tl.constexpr,
     ITEM: tl.constexpr,
@@ -674,6 +746,7 @@ def _logits_scheduled_kernel(
                 OPERANDS,
                 MMA_ROWS,
                 PREFETCH,
+                HALVES,
             )
 
 
@@ -801,6 +874,7 @@ def paged_mqa_logits(
         OPERANDS=operand_mode(),
         MMA_ROWS=uses_mma_rows(cfg, layout.page_entries),
         PREFETCH=cfg.prefetch,
+        HALVES=cfg.halves,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({} if cfg.max_registers is None else {"maxnreg": cfg.max_registers}),
