@@ -502,21 +502,12 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
     results = []
     decode_points: dict[int, list[tuple[Any, ...]]] = {
         # heads: LogitsConfig fields (block_n, block_r, num_warps, num_stages, max_registers,
-        # programs_per_sm, prefetch, halves); the first point of each is the default, run
-        # twice (first and last): the run-to-run spread next to the differences.
-        64: [(64, 2, 4, 1, 128, 2, True), (64, 2, 4, 1, 128, 2, True, True),
-             (64, 2, 4, 1, None, 2, True, True), (64, 2, 4, 1, 128, 2, True)],
-        32: [(64, 2, 4, 1, None, 2, True), (64, 2, 4, 1, 128, 2, True, True),
-             (64, 2, 4, 1, None, 2, True)],
+        # programs_per_sm, prefetch, halves); the first point of each is the default.
+        64: [(64, 2, 4, 1, 128, 4, True, True), (64, 2, 4, 1, 128, 4, True, False)],
+        32: [(64, 2, 4, 1, None, 4, True)],
     }  # fmt: skip
-    schedule_points: tuple[tuple[Any, ...], ...] = (
-        (64, 2, 4, 1, 128, 2, True), (64, 2, 4, 1, 128, 4, True),
-        (64, 2, 4, 1, 128, 2, True, True), (64, 2, 4, 1, 128, 4, True, True),
-    )  # fmt: skip
     for heads, contexts, page_entries in ((64, [16384] * 64, 64), (32, [65536] * 64, 128)):
-        points = [(point, False) for point in decode_points[heads]]
-        points += [(point, True) for point in schedule_points if heads == 64 or len(point) < 8]
-        for point, use_schedule in points:
+        for point, use_schedule in itertools.product(decode_points[heads], (False, True)):
             how = " (schedule)" if use_schedule else ""
             label = f"sweep decode{how} H{heads} {_config_label(point)}"
             build = functools.partial(
@@ -524,10 +515,7 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
                 use_schedule=use_schedule, config=LogitsConfig(*point),
             )  # fmt: skip
             results.append(_sweep_point(label, build))
-    prefill_points: tuple[tuple[Any, ...], ...] = (
-        (64, 2, 4, 1, 168), (64, 2, 4, 1, 168, 2, False, True),
-        (64, 2, 4, 1, 128, 2, False, True), (64, 2, 4, 1, None),
-    )  # fmt: skip
+    prefill_points: tuple[tuple[Any, ...], ...] = ((64, 2, 4, 1, None), (64, 2, 4, 1, 168))
     for point in prefill_points:
         label = f"sweep prefill {_config_label(point)}"
         build = functools.partial(
@@ -538,7 +526,7 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
     skewed = [131072] + [1024] * 63
     even = [sum(skewed) // len(skewed)] * len(skewed)
     for (name, contexts), (programs, halves) in itertools.product(
-        (("skewed", skewed), ("even", even)), ((2, False), (4, True))
+        (("skewed", skewed), ("even", even)), ((4, True), (4, False), (2, False))
     ):
         point = (64, 2, 4, 1, 128, programs, True, halves)
         label = f"sweep decode {name} (schedule) H64 {_config_label(point)}"
@@ -547,7 +535,7 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
             config=LogitsConfig(*point),
         )  # fmt: skip
         results.append(_sweep_point(label, build))
-    for block_n, num_warps, num_stages in ((64, 4, 1), (128, 4, 1)):
+    for block_n, num_warps, num_stages in ((128, 4, 1),):
         label = f"sweep gather n{block_n} w{num_warps} s{num_stages}"
         build = functools.partial(
             gather_case, 32, 2, 64, 65536, 2048, 8, ceilings, device, name=label,
