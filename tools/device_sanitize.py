@@ -1,9 +1,10 @@
 """H200 script for compute-sanitizer: a padded and a ragged step through every Triton kernel.
 
-    compute-sanitizer --tool memcheck python tools/device_sanitize.py
+    compute-sanitizer --tool memcheck python tools/device_sanitize.py [--heads 64]
 
 Small shapes (the sanitizer slows kernels down a hundredfold) with the real head counts:
-a V4.1-like stack (candidate source + 2 consumers, 32 heads x 128, next_n 2) captures two
+a V4.1-like stack (candidate source + 2 consumers, 32 heads x 128 or `--heads`, next_n 2:
+64 heads take the decode kernels' N = 128 configs, halves and the register cap) captures two
 decode sizes on device graphs, then runs (1) a uniform decode step padded up to the next
 capture size and replayed, (2) a ragged speculative decode step (eager), (3) a mixed
 prefill + decode step (eager, prefill chunks, gather launches). Each replayed or eager
@@ -26,8 +27,9 @@ from graphidx.testing import StepGenerator, check_replay
 def main() -> int:
     # `--cpu` runs the same steps on the tape, to check the script itself without a GPU.
     device = torch.device("cpu" if "--cpu" in sys.argv else "cuda")
+    heads = int(sys.argv[sys.argv.index("--heads") + 1]) if "--heads" in sys.argv else 32
     config = IndexerConfig.cpu_demo(
-        num_heads=32,
+        num_heads=heads,
         head_dim=128,
         block_size=64,
         max_model_len=4096,
