@@ -9,7 +9,8 @@ input, several times in one process: once per placement of their buffers (a pad 
 of a different size before each input is made) and several times per placement. Each line
 carries a wall-clock stamp to line up with the SM clock log. If the times move with the
 placement and not within it, the buffers' addresses matter; if they move with the clock
-log, the clock does.
+log, the clock does. The second figure set times back-to-back launches with no L2 flush in
+between (CUDA events over 20 launches, median of 5), as a serving loop runs them.
 """
 
 from __future__ import annotations
@@ -56,6 +57,20 @@ def split_topk(device: torch.device) -> Callable[[], None]:
     return lambda: triton_topk.topk_per_row(logits, lengths, 512, out)
 
 
+def back_to_back_us(fn: Callable[[], None], launches: int = 20, samples: int = 5) -> float:
+    """Median over `samples` of the mean time of `launches` back-to-back calls (no flush)."""
+    times = []
+    for _ in range(samples):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(launches):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(1e3 * begin.elapsed_time(end) / launches)
+    return sorted(times)[samples // 2]
+
+
 def main() -> int:
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -67,11 +82,14 @@ def main() -> int:
             fn()
             torch.cuda.synchronize(device)
             times = [time_us(fn) for _ in range(REPEATS)]
+            times += [back_to_back_us(fn) for _ in range(REPEATS)]
             stamp = time.strftime("%H:%M:%S", time.gmtime())
             print(
                 f"{stamp} +{time.time() - start:6.1f}s {name:>13} pad {pad_bytes:>9}: "
-                + " ".join(f"{t:6.1f}" for t in times)
-                + " us",
+                + " ".join(f"{t:6.1f}" for t in times[:REPEATS])
+                + " us flushed; "
+                + " ".join(f"{t:6.1f}" for t in times[REPEATS:])
+                + " us back to back",
                 flush=True,
             )
             del fn, pad
