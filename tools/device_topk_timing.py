@@ -1,16 +1,21 @@
 """H200 script: how stable are the Triton top-k timings on one fixed input?
 
-    python tools/device_topk_timing.py [--repeat 5]
+    python tools/device_topk_timing.py [--repeat 8] [--once]
 
-The top-k rows of `graphidx bench` moved by up to 2x between runs on the same seeded input
-(BENCHMARKS.md). This times each config `--repeat` times in one process on one input
-(triton.testing.do_bench, L2 cleared before each launch) and checks that every run picks the
-same columns, so run-to-run noise and data-independent slow paths can be told apart.
+The top-k rows of `graphidx bench` move by up to 2x between runs on the same seeded input,
+and tools/device_spread.py saw one config flip between ~68 and ~140 us within one process,
+within one buffer placement, at a steady SM clock (BENCHMARKS.md). This times every config
+`--repeat` rounds, the configs interleaved within each round (so a slow period hits all of
+them alike), with triton.testing.do_bench (L2 cleared before each launch), and checks that
+every run picks the same columns. Prints each config's times in round order, then its
+median and best.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import statistics
 import sys
 
 import torch
@@ -21,9 +26,22 @@ from graphidx.ops.kernels import topk as triton_topk
 ROWS, WIDTH = 128, 65536
 
 
+def configs_for(k: int) -> dict[str, triton_topk.TopkConfig]:
+    """The default, P = 1 / 2 / 4 at their default warps, and 4-warp / 80-register variants."""
+    configs = {"default": triton_topk.default_config(k, ROWS, WIDTH)}
+    for split in (1, 2, 4):
+        base = triton_topk.split_config(k, split)
+        configs[f"P={split}"] = base
+        four = dataclasses.replace(base, num_warps=4, chunk=2048)
+        if four != base:
+            configs[f"P={split} warps=4"] = four
+        configs[f"P={split} maxnreg=80"] = dataclasses.replace(base, max_registers=80)
+    return configs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=8, help="rounds over all configs")
     parser.add_argument(
         "--once", action="store_true", help="one launch per config, no timing (for ncu)"
     )
@@ -34,38 +52,40 @@ def main() -> int:
     lengths = torch.full((ROWS,), WIDTH, dtype=torch.int32, device=device)
     same = True
     for k in (512, 2048):
-        configs = {"default": triton_topk.default_config(k, ROWS, WIDTH)}
-        for split in (1, 2, 4):
-            configs[f"P={split}"] = triton_topk.split_config(k, split)
-        for name, config in configs.items():
-            out = torch.full((ROWS, k), -1, dtype=torch.int32, device=device)
-            picks = []
-            times = []
-            for _ in range(args.repeat):
+        configs = configs_for(k)
+        out = torch.full((ROWS, k), -1, dtype=torch.int32, device=device)
+        picks: dict[str, list[torch.Tensor]] = {name: [] for name in configs}
+        times: dict[str, list[float]] = {name: [] for name in configs}
+        for _ in range(1 if args.once else args.repeat):
+            for name, config in configs.items():
                 out.fill_(-1)
                 triton_topk.topk_per_row(logits, lengths, k, out, config=config)
-                picks.append(torch.sort(out, dim=1).values.cpu())
-                if args.once:
-                    break
-                times.append(time_us(
-                    lambda out=out, config=config, k=k: triton_topk.topk_per_row(
-                        logits, lengths, k, out, config=config
-                    )
-                ))  # fmt: skip
-            stable = all(torch.equal(p, picks[0]) for p in picks)
+                picks[name].append(torch.sort(out, dim=1).values.cpu())
+                if not args.once:
+                    times[name].append(time_us(
+                        lambda config=config, k=k, out=out: triton_topk.topk_per_row(
+                            logits, lengths, k, out, config=config
+                        )
+                    ))  # fmt: skip
+        torch_times = [] if args.once else [
+            time_us(lambda k=k: torch.topk(logits, k, dim=1)) for _ in range(3)
+        ]  # fmt: skip
+        for name, config in configs.items():
+            stable = all(torch.equal(p, picks[name][0]) for p in picks[name])
             same &= stable
+            row = " ".join(f"{t:6.1f}" for t in times[name])
+            summary = (
+                f" | median {statistics.median(times[name]):6.1f} best {min(times[name]):6.1f}"
+                if times[name]
+                else ""
+            )
             print(
-                f"k {k:>4} {name:>8} (P={config.programs_per_row}): "
-                + " ".join(f"{t:6.1f}" for t in times)
-                + f" us; picks identical across runs: {stable}",
+                f"k {k:>4} {name:>16} (P={config.programs_per_row} w{config.num_warps}): "
+                f"{row} us{summary}; picks identical: {stable}",
                 flush=True,
             )
-        if args.once:
-            continue
-        torch_times = [
-            time_us(lambda k=k: torch.topk(logits, k, dim=1)) for _ in range(args.repeat)
-        ]
-        print(f"k {k:>4} torch.topk: " + " ".join(f"{t:6.1f}" for t in torch_times) + " us")
+        if torch_times:
+            print(f"k {k:>4} torch.topk: " + " ".join(f"{t:6.1f}" for t in torch_times) + " us")
     return 0 if same else 1
 
 
