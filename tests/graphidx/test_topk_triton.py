@@ -213,7 +213,8 @@ def test_default_config_path_and_sizes(gen: torch.Generator) -> None:
 
 def test_default_config_choice() -> None:
     h200 = default_config(512, 128, 65536)
-    assert (h200.programs_per_row, h200.groups, h200.capacity) == (4, 2048, 1024)
+    assert (h200.programs_per_row, h200.groups, h200.capacity) == (1, 2048, 1024)
+    assert default_config(512, 8, 65536).programs_per_row == 16  # few rows: split
     assert default_config(2048, 128, 65536).programs_per_row == 1  # k above SPLIT_MAX_K
     assert default_config(2048, 128, 65536).groups == 8192
     assert default_config(512, 4096, 65536).programs_per_row == 1  # many rows

@@ -51,10 +51,10 @@ against the H200's 50 MB) it should come mostly from L2, leaving about one DRAM 
 is expected, not measured. Scratch is allocated per call (rows x (CAP + K_PAD [+ GROUPS when
 P > 1]) int32, in row batches of at most SCRATCH_BYTES).
 
-Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 512,
-each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 512 rows or
-rows narrower than 8192 columns, P > 1 for fewer, wider rows (128 x 65536 -> P = 4).
-The P = 1 kernel is the one-launch design, kept for many rows and narrow rows.
+Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
+each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
+rows narrower than 8192 columns, P > 1 for fewer, wider rows (8 x 65536 -> P = 16, one row of
+1M columns -> P = 128). The P = 1 kernel is the one-launch design for rows that fill the GPU.
 """
 
 from __future__ import annotations
@@ -94,10 +94,13 @@ register count (and cut the occupancy) of the kernel that holds it."""
 SCRATCH_BYTES = 64 << 20
 MIN_GROUPS = 1024
 MAX_GROUPS = 16384
-TARGET_PROGRAMS = 512
-"""Programs per launch that default_config aims for, ~4 per multiprocessor of an H200.
-Measured at 128 x 65536, k 512, over five bench runs (BENCHMARKS.md): P = 4 67-124 us (68 in
-four runs), P = 2 58-129 us, P = 1 102-103 us; split launches vary between runs, P = 1 not."""
+TARGET_PROGRAMS = 128
+"""Programs per launch below which default_config splits rows: about one per multiprocessor.
+Rows are split only when there are too few to fill the GPU, because split launches time
+bimodally: at 128 x 65536, k 512, on one input in one process P = 2 / 4 measured ~58-68 us
+in some do_bench calls and ~135-145 us in others (tools/device_topk_timing.py, interleaved
+rounds, steady 1980 MHz SM clock; cause not found), while P = 1 held 102-105 us in every run
+(BENCHMARKS.md). Earlier (512) it aimed at ~4 programs per multiprocessor."""
 SPLIT_MAX_K = 1024
 """Largest k that default_config splits rows for (measured at 128 x 65536, k 2048: P = 1
 76 us, P = 2 125 us, P = 4 163 us: the last arriver's floor search over 8192 group maxima
