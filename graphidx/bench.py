@@ -535,11 +535,11 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
             config=LogitsConfig(*point),
         )  # fmt: skip
         results.append(_sweep_point(label, build))
-    for block_n, num_warps, num_stages in ((128, 4, 1),):
-        label = f"sweep gather n{block_n} w{num_warps} s{num_stages}"
+    for block_n, num_warps, num_stages, prefetch in ((128, 4, 1, True), (128, 4, 1, False)):
+        label = f"sweep gather n{block_n} w{num_warps} s{num_stages} prefetch{prefetch}"
         build = functools.partial(
             gather_case, 32, 2, 64, 65536, 2048, 8, ceilings, device, name=label,
-            config=GatherConfig(block_n, num_warps, num_stages),
+            config=GatherConfig(block_n, num_warps, num_stages, prefetch),
         )  # fmt: skip
         results.append(_sweep_point(label, build))
     return results

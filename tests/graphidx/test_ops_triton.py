@@ -666,12 +666,19 @@ def test_dense_logits_with_schedule(gen: torch.Generator, kind: str, next_n: int
 
 
 @pytest.mark.parametrize(
-    ("kind", "sizes", "clean"), [("qsl", [2, 0, 3], True), ("next_n", [2, 2], False)]
-)
+    ("kind", "sizes", "clean", "prefetch"),
+    [("qsl", [2, 0, 3], True, True), ("next_n", [2, 2], False, True),
+     ("next_n", [2, 2], True, False)],
+)  # fmt: skip
 def test_gather_logits_match_reference(
-    gen: torch.Generator, kind: str, sizes: list[int], clean: bool
+    gen: torch.Generator, kind: str, sizes: list[int], clean: bool, prefetch: bool
 ) -> None:
-    size, pool_blocks, heads, head_dim = 4, 6, 8, 128
+    """Gather logits against the reference over 4-6 tiles per row (the three-tile prefetch
+    and the plain loop), with padding slots, positions past the context and a live count
+    wider than the pool."""
+    from graphidx.ops.kernels.gather import default_config
+
+    size, pool_blocks, heads, head_dim = 4, 20, 8, 128
     rows, num_seqs, extra = grouping(kind, sizes)
     contexts = [int(c) for c in torch.randint(20, 70, (num_seqs,), generator=gen)]
     cache = make_cache(gen, contexts, num_heads=heads, head_dim=head_dim, page_entries=16)
@@ -701,11 +708,21 @@ def test_gather_logits_match_reference(
             kwargs = {k: v.to(TRITON_DEVICE) if isinstance(v, torch.Tensor) else v
                       for k, v in kwargs.items()}  # fmt: skip
         q, q_scale, weights, kv_cache, context_lens, block_table, pos, live_cols, out = args
-        ops.gather_mqa_logits(
-            q, q_scale, kv_cache, weights, context_lens, block_table, pos, live_cols, out,
-            candidate_block_size=size, clean=clean, page_entries=cache.page_entries,
-            backend=backend, **kwargs,  # type: ignore[arg-type]
-        )  # fmt: skip
+        if backend == "triton":
+            from graphidx.ops.kernels.gather import gather_mqa_logits as triton_gather
+
+            config = dataclasses.replace(default_config(size), prefetch=prefetch)
+            triton_gather(
+                q, q_scale, kv_cache, weights, context_lens, block_table, pos, live_cols, out,
+                candidate_block_size=size, clean=clean, page_entries=cache.page_entries,
+                config=config, **kwargs,  # type: ignore[arg-type]
+            )  # fmt: skip
+        else:
+            ops.gather_mqa_logits(
+                q, q_scale, kv_cache, weights, context_lens, block_table, pos, live_cols, out,
+                candidate_block_size=size, clean=clean, page_entries=cache.page_entries,
+                backend=backend, **kwargs,  # type: ignore[arg-type]
+            )  # fmt: skip
         outs.append(out.cpu())
     assert_logits_match(outs[1], outs[0])
     assert bool((outs[1][-1, pool_blocks * size :] == NEG_INF).all())

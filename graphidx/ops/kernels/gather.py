@@ -56,6 +56,9 @@ class GatherConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    prefetch: bool = True
+    """Read the next tiles' positions and pages while a tile is scored (see the kernel)
+    instead of each tile's whole chain of dependent reads when it is scored."""
 
 
 def check_config(config: GatherConfig) -> None:
@@ -80,6 +83,59 @@ def default_config(candidate_block_size: int) -> GatherConfig:
     return GatherConfig(
         block_n=max(block_n, next_power_of_2(candidate_block_size)), num_warps=4, num_stages=1
     )
+
+
+@triton.jit
+def _tile_firsts(tile_start, score_stop, pos_row, pool_blocks, C: tl.constexpr,
+                 BLOCK_N: tl.constexpr):  # fmt: skip
+    """First key position of each column's pool block (-1: padding, or past score_stop)."""
+    col = tile_start + tl.arange(0, BLOCK_N)
+    block = col // C
+    return tl.load(pos_row + block, mask=(col < score_stop) & (block < pool_blocks), other=-1)
+
+
+@triton.jit
+def _slots_of(tile_start, firsts, score_stop, context, block_row, C: tl.constexpr,
+              E: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """(page, slot in page, scored) of a tile's columns from `_tile_firsts`: a column is
+    scored when it is below score_stop, its pool block is live and its position is below the
+    context; other columns read page 0 and are never loaded."""
+    col = tile_start + tl.arange(0, BLOCK_N)
+    position = firsts + col % C
+    scored = (col < score_stop) & (firsts >= 0) & (position < context)
+    # Unsigned from here: page and slot arithmetic on powers of two become shifts.
+    position = tl.where(scored, position, 0).to(tl.uint32)
+    page = tl.load(block_row + position // E, mask=scored, other=0)
+    return page, (position % E).to(tl.int32), scored
+
+
+@triton.jit
+def _tile_slots(tile_start, score_stop, context, block_row, pos_row, pool_blocks,
+                C: tl.constexpr, E: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """`_slots_of` the tile, its positions loaded here."""
+    firsts = _tile_firsts(tile_start, score_stop, pos_row, pool_blocks, C, BLOCK_N)
+    return _slots_of(tile_start, firsts, score_stop, context, block_row, C, E, BLOCK_N)
+
+
+@triton.jit
+def _tile_keys(page, slot, scored, kv_ptr, page_stride, D: tl.constexpr, E: tl.constexpr,
+               NPT: tl.constexpr, LANES: tl.constexpr, SUB: tl.constexpr,
+               RUN: tl.constexpr):  # fmt: skip
+    """Raw codes and scales of the scored columns' keys (`key_tile_words`)."""
+    page_ptr = kv_ptr + page.to(tl.int64) * page_stride
+    return key_tile_words(page_ptr, slot, scored, D, E, NPT, LANES, SUB, RUN, True)
+
+
+@triton.jit
+def _score_tile(tile_start, values, scales, scored, queries_t, weights, out_row, score_stop,
+                OPERANDS: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Decode, multiply and store one tile: -inf where not scored, nothing past score_stop."""
+    col = tile_start + tl.arange(0, BLOCK_N)
+    keys = decode_key_tile(values, scales, OPERANDS)
+    scores = relu_propagate_nan(tile_scores(keys, queries_t, OPERANDS))
+    logits = tl.sum(scores * weights[None, :], axis=1)
+    logits = tl.where(scored, logits, float("-inf"))
+    store_in_layout(out_row + col, logits, col < score_stop, OPERANDS)
 
 
 @triton.jit(do_not_specialize=["ctx_ptr", "live_ptr", "qsl_ptr", "num_seqs", "rows_per_seq"])
@@ -121,6 +177,7 @@ def _gather_logits_kernel(
     SPLIT: tl.constexpr,
     CLEAN: tl.constexpr,
     OPERANDS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     row = tl.program_id(0)
     col_start = tl.program_id(1) * SPLIT
@@ -153,25 +210,36 @@ def _gather_logits_kernel(
         context = tl.load(ctx_ptr + seq)
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
         pos_row = positions_ptr + row.to(tl.int64) * pos_row_stride
-        for tile_start in range(col_start, score_stop, BLOCK_N):
-            col = tile_start + tl.arange(0, BLOCK_N)
-            written = col < score_stop
-            block = col // C
-            first = tl.load(pos_row + block, mask=written & (block < pool_blocks), other=-1)
-            position = first + col % C
-            scored = written & (first >= 0) & (position < context)
-            # Unsigned from here: page and slot arithmetic on powers of two become shifts.
-            position = tl.where(scored, position, 0).to(tl.uint32)
-            page = tl.load(block_row + position // E, mask=scored, other=0)
-            page_ptr = kv_ptr + page.to(tl.int64) * page_stride
-            values, scales = key_tile_words(
-                page_ptr, (position % E).to(tl.int32), scored, D, E, NPT, LANES, SUB, RUN, True
-            )
-            keys = decode_key_tile(values, scales, OPERANDS)
-            scores = relu_propagate_nan(tile_scores(keys, queries_t, OPERANDS))
-            logits = tl.sum(scores * weights[None, :], axis=1)
-            logits = tl.where(scored, logits, float("-inf"))
-            store_in_layout(out_row + col, logits, written, OPERANDS)
+        # (Constexprs are passed one by one: Triton 3.6 drops them from unpacked tuples.)
+        slot_args = (score_stop, context, block_row, pos_row, pool_blocks)
+        tile_args = (queries_t, weights, out_row, score_stop)
+        if PREFETCH:
+            # The chain of dependent reads runs ahead of the scoring: while a tile is scored,
+            # the page of the next tile and the positions of the one after are loading (each
+            # waits a whole tile for the read it depends on); codes load with their tile.
+            page, slot, scored = _tile_slots(col_start, *slot_args, C, E, BLOCK_N)
+            firsts = _tile_firsts(col_start + BLOCK_N, score_stop, pos_row, pool_blocks, C,
+                                  BLOCK_N)  # fmt: skip
+            for tile_start in range(col_start, score_stop, BLOCK_N):
+                values, scales = _tile_keys(
+                    page, slot, scored, kv_ptr, page_stride, D, E, NPT, LANES, SUB, RUN
+                )
+                next_page, next_slot, next_scored = _slots_of(
+                    tile_start + BLOCK_N, firsts, score_stop, context, block_row, C, E, BLOCK_N
+                )
+                firsts = _tile_firsts(tile_start + 2 * BLOCK_N, score_stop, pos_row,
+                                      pool_blocks, C, BLOCK_N)  # fmt: skip
+                _score_tile(tile_start, values, scales, scored, *tile_args,
+                            OPERANDS, BLOCK_N)  # fmt: skip
+                page, slot, scored = next_page, next_slot, next_scored
+        else:
+            for tile_start in range(col_start, score_stop, BLOCK_N):
+                page, slot, scored = _tile_slots(tile_start, *slot_args, C, E, BLOCK_N)
+                values, scales = _tile_keys(
+                    page, slot, scored, kv_ptr, page_stride, D, E, NPT, LANES, SUB, RUN
+                )
+                _score_tile(tile_start, values, scales, scored, *tile_args,
+                            OPERANDS, BLOCK_N)  # fmt: skip
     if CLEAN:
         for tile_start in range(tl.maximum(col_start, live), col_stop, BLOCK_N):
             col = tile_start + tl.arange(0, BLOCK_N)
@@ -274,6 +342,7 @@ def gather_mqa_logits(
         SPLIT=GATHER_SPLIT_COLUMNS,
         CLEAN=clean,
         OPERANDS=operand_mode(),
+        PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
