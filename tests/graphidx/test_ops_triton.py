@@ -75,26 +75,27 @@ def _pair_bits_kernel(pairs_ptr, scales_ptr, out_ptr, N: tl.constexpr):
 
 
 @triton.jit
-def _both_decodes_kernel(words_ptr, scales_ptr, bf16x2_ptr, float32_ptr):
-    """Rows of 4 runs (t) of 4 words each, every run under one scale."""
+def _test_tile(words_ptr, scales_ptr):
+    """Rows of 4 runs (t) of 4 words each, every run under one scale, and the [1024, 128]
+    output offsets of their decoded elements."""
     row = tl.arange(0, 1024)[:, None, None, None]
     w = tl.arange(0, 4)[None, None, :, None]
     run = tl.arange(0, 4)[None, None, None, :]
     words = tl.load(words_ptr + row * 16 + run * 4 + w)
     scales = tl.load(scales_ptr + row * 4 + run)
-    out = tl.arange(0, 1024)[:, None] * 128 + tl.arange(0, 128)[None, :]
+    return words, scales, tl.arange(0, 1024)[:, None] * 128 + tl.arange(0, 128)[None, :]
+
+
+@triton.jit
+def _both_decodes_kernel(words_ptr, scales_ptr, bf16x2_ptr, float32_ptr):
+    words, scales, out = _test_tile(words_ptr, scales_ptr)
     tl.store(bf16x2_ptr + out, dequantize_keys_bf16x2(words, scales).to(tl.float32))
     tl.store(float32_ptr + out, dequantize_tile(words, scales))
 
 
 @triton.jit
 def _float32_decode_kernel(words_ptr, scales_ptr, float32_ptr):
-    row = tl.arange(0, 1024)[:, None, None, None]
-    w = tl.arange(0, 4)[None, None, :, None]
-    run = tl.arange(0, 4)[None, None, None, :]
-    words = tl.load(words_ptr + row * 16 + run * 4 + w)
-    scales = tl.load(scales_ptr + row * 4 + run)
-    out = tl.arange(0, 1024)[:, None] * 128 + tl.arange(0, 128)[None, :]
+    words, scales, out = _test_tile(words_ptr, scales_ptr)
     tl.store(float32_ptr + out, dequantize_tile(words, scales))
 
 

@@ -488,14 +488,12 @@ def _score_rows(
     """`_score_tile` over the group's rows (the `_a` set), or over each half of them in turn
     under HALVES (`_a` then `_b`, BLOCK_R / 2 rows each)."""
     tile_args = (out_ptr, bs_ptr, out_row_stride, bs_row_stride)
+    ROWS: tl.constexpr = BLOCK_R // 2 if HALVES else BLOCK_R
+    _score_tile(tile_start, keys, row_a, len_a, queries_a, weights_a, *tile_args,
+                HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
     if HALVES:
-        _score_tile(tile_start, keys, row_a, len_a, queries_a, weights_a, *tile_args,
-                    HP, BLOCK_R // 2, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
         _score_tile(tile_start, keys, row_b, len_b, queries_b, weights_b, *tile_args,
-                    HP, BLOCK_R // 2, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
-    else:
-        _score_tile(tile_start, keys, row_a, len_a, queries_a, weights_a, *tile_args,
-                    HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+                    HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
 
 
 @triton.jit
