@@ -1,6 +1,6 @@
 """H200 script: how stable are the Triton top-k timings on one fixed input?
 
-    python tools/device_topk_timing.py [--repeat 8] [--once]
+    python tools/device_topk_timing.py [--repeat 8] [--k 512] [--once]
 
 The top-k rows of `graphidx bench` move by up to 2x between runs on the same seeded input,
 and tools/device_spread.py saw one config flip between ~68 and ~140 us within one process,
@@ -27,14 +27,16 @@ ROWS, WIDTH = 128, 65536
 
 
 def configs_for(k: int) -> dict[str, triton_topk.TopkConfig]:
-    """The default, P = 1 / 2 / 4 at their default warps, and 4-warp / 80-register variants."""
+    """The default, P = 1 / 2 / 4 at their default warps, their 4- or 8-warp variants and an
+    80-register variant."""
     configs = {"default": triton_topk.default_config(k, ROWS, WIDTH)}
     for split in (1, 2, 4):
         base = triton_topk.split_config(k, split)
         configs[f"P={split}"] = base
-        four = dataclasses.replace(base, num_warps=4, chunk=2048)
-        if four != base:
-            configs[f"P={split} warps=4"] = four
+        for warps in (4, 8):
+            variant = dataclasses.replace(base, num_warps=warps, chunk=512 * warps)
+            if variant != base:
+                configs[f"P={split} warps={warps}"] = variant
         configs[f"P={split} maxnreg=80"] = dataclasses.replace(base, max_registers=80)
     return configs
 
@@ -42,6 +44,7 @@ def configs_for(k: int) -> dict[str, triton_topk.TopkConfig]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=8, help="rounds over all configs")
+    parser.add_argument("--k", type=int, action="append", help="k values (default 512, 2048)")
     parser.add_argument(
         "--once", action="store_true", help="one launch per config, no timing (for ncu)"
     )
@@ -51,7 +54,7 @@ def main() -> int:
     logits = torch.randn(ROWS, WIDTH, device=device)
     lengths = torch.full((ROWS,), WIDTH, dtype=torch.int32, device=device)
     same = True
-    for k in (512, 2048):
+    for k in args.k or (512, 2048):
         configs = configs_for(k)
         out = torch.full((ROWS, k), -1, dtype=torch.int32, device=device)
         picks: dict[str, list[torch.Tensor]] = {name: [] for name in configs}
