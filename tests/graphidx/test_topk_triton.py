@@ -214,6 +214,8 @@ def test_default_config_path_and_sizes(gen: torch.Generator) -> None:
 def test_default_config_choice() -> None:
     h200 = default_config(512, 128, 65536)
     assert (h200.programs_per_row, h200.groups, h200.capacity) == (1, 2048, 1024)
+    assert (h200.num_warps, h200.chunk) == (8, 4096)  # a wide row: 8 warps at P = 1
+    assert default_config(512, 128, 32768).num_warps == 4
     assert default_config(512, 8, 65536).programs_per_row == 16  # few rows: split
     assert default_config(2048, 128, 65536).programs_per_row == 1  # k above SPLIT_MAX_K
     assert default_config(2048, 128, 65536).groups == 8192
@@ -226,7 +228,9 @@ def test_default_config_choice() -> None:
         config = default_config(k, rows, width)
         check_config(config, k)
         assert config.groups // config.programs_per_row >= topk_kernels.MIN_SLICE_GROUPS
-        assert config == split_config(k, config.programs_per_row)
+        base = split_config(k, config.programs_per_row)
+        assert config == dataclasses.replace(base, num_warps=config.num_warps,
+                                             chunk=config.chunk)  # fmt: skip
     assert split_config(512, 1).num_warps == 4  # the one-program path keeps small k light
     assert split_config(512, 16).groups == 2048
 

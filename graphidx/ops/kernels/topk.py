@@ -59,6 +59,7 @@ rows narrower than 8192 columns, P > 1 for fewer, wider rows (8 x 65536 -> P = 1
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -105,6 +106,10 @@ SPLIT_MAX_K = 1024
 """Largest k that default_config splits rows for (measured at 128 x 65536, k 2048: P = 1
 76 us, P = 2 125 us, P = 4 163 us: the last arriver's floor search over 8192 group maxima
 and the extra launch cost more than the split saves)."""
+WIDE_ROW_COLUMNS = 65536
+"""Row width from which one program per row gets 8 warps even at small k: at 128 x 65536,
+k 512, P = 1 measured 65.8-66.5 us with 8 warps in 7 runs against 102.3-105.3 with 4
+(tools/device_topk_timing.py; narrower rows unmeasured, so they keep 4)."""
 MIN_SLICE_COLUMNS = 4096
 """Columns of the width each program keeps at least (a shorter stream is all overhead)."""
 MIN_SLICE_GROUPS = 128
@@ -135,7 +140,8 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
     """The config for `rows` rows of `width` columns and this k, from the shapes alone.
 
     P doubles from 1 while k <= SPLIT_MAX_K, rows * P < TARGET_PROGRAMS, width >= 2P *
-    MIN_SLICE_COLUMNS and P < MAX_PROGRAMS_PER_ROW; the sizes are then `split_config(k, P)`.
+    MIN_SLICE_COLUMNS and P < MAX_PROGRAMS_PER_ROW; the sizes are then `split_config(k, P)`,
+    with 8 warps at P = 1 from WIDE_ROW_COLUMNS on.
     """
     split = 1
     while (
@@ -145,7 +151,10 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
         and width >= 2 * split * MIN_SLICE_COLUMNS
     ):
         split *= 2
-    return split_config(k, split)
+    config = split_config(k, split)
+    if split == 1 and width >= WIDE_ROW_COLUMNS and config.num_warps == 4:
+        config = dataclasses.replace(config, num_warps=8, chunk=512 * 8)
+    return config
 
 
 def split_config(k: int, programs_per_row: int) -> TopkConfig:
