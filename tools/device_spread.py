@@ -50,11 +50,12 @@ def skewed_decode(device: torch.device) -> Callable[[], None]:
 
 
 def split_topk(device: torch.device) -> Callable[[], None]:
-    """The bench's top-k: 128 rows x 65536 columns, k 512, default config."""
+    """The bench's top-k shape, 128 rows x 65536 columns, k 512, split P = 4."""
     logits = torch.randn(128, 65536, device=device)
     lengths = torch.full((128,), 65536, dtype=torch.int32, device=device)
     out = torch.empty((128, 512), dtype=torch.int32, device=device)
-    return lambda: triton_topk.topk_per_row(logits, lengths, 512, out)
+    config = triton_topk.split_config(512, 4)
+    return lambda: triton_topk.topk_per_row(logits, lengths, 512, out, config=config)
 
 
 def back_to_back_us(fn: Callable[[], None], launches: int = 20, samples: int = 5) -> float:

@@ -39,6 +39,11 @@ GPU_READY = {
     "test_dense_prefill_mma_shaped_tile_loads",
     "test_logits_config_refused",
     "test_gather_config_refused",
+    "test_dense_logits_halves",
+    "test_misaligned_kv_cache_refused",
+    "test_cache_words_checks_the_data_pointer",
+    "test_tile_decode_follows_kernel_order",
+    "test_dense_default_config_at_128_columns",
 }
 
 
@@ -444,17 +449,20 @@ def test_dense_logits_mma_shaped_tile_loads(
         assert_logits_match(got_bs[r, :written], want_bs[r, :written])
 
 
-@pytest.mark.parametrize("kind", ["next_n", "qsl"])
+@pytest.mark.parametrize("kind", ["next_n", "next_n_schedule", "qsl"])
 def test_dense_logits_halves(gen: torch.Generator, kind: str) -> None:
     """`LogitsConfig.halves`: each tile's two MMAs over the first and the second half of the
     row block give the reference's logits and block scores (decode next_n 4 with 2-row
-    halves; prefill blocks of 4 rows over seqs of 5 / 0 / 9 rows)."""
+    halves, with the register prefetch, on the static grid and through a schedule; prefill
+    blocks of 4 rows over seqs of 5 / 0 / 9 rows)."""
     from graphidx.ops.kernels.logits import LogitsConfig
+    from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
 
-    config = LogitsConfig(
-        block_n=64, block_r=4, num_warps=4, num_stages=1, max_registers=None, halves=True
-    )
-    if kind == "next_n":
+    decode = kind != "qsl"
+    config = LogitsConfig(block_n=64, block_r=4, num_warps=4, num_stages=1, max_registers=None,
+                          prefetch=decode, halves=True)  # fmt: skip
+    schedule = None
+    if decode:
         contexts, next_n = [150, 64, 3], 4
         rows, extra = len(contexts) * next_n, {"next_n": next_n}
         row_ends = torch.tensor(
@@ -467,17 +475,47 @@ def test_dense_logits_halves(gen: torch.Generator, kind: str) -> None:
         row_ends = torch.tensor(
             [contexts[s] - (rows - 1 - r) % 7 for r, s in enumerate(seqs)], dtype=torch.int32
         )
+    if kind == "next_n_schedule":
+        schedule = allocate_schedule(len(contexts), 208, "cpu", split_keys=256)
+        build_decode_schedule(row_ends, schedule, next_n=4, split_keys=256, backend="reference")
     cache = make_cache(gen, contexts, num_heads=4, head_dim=128, page_entries=64)
     queries = make_queries(gen, rows, 4, 128)
     blocks = {"block_size": 16, "block_cols": 208 // 16}
     want, want_bs = run_dense("reference", cache, queries, row_ends, 208, extra, **blocks)
     got, got_bs = run_dense("triton", cache, queries, row_ends, 208, extra, config=config,
-                            **blocks)  # fmt: skip
+                            schedule=schedule, **blocks)  # fmt: skip
     assert_logits_match(got, want)
     assert want_bs is not None and got_bs is not None
     for r in range(rows):
         written = cdiv(max(0, min(int(row_ends[r]), 208)), 16)
         assert_logits_match(got_bs[r, :written], want_bs[r, :written])
+
+
+def test_dense_default_config_at_128_columns(gen: torch.Generator) -> None:
+    """64 heads, next_n 2: N = 128 columns, where the GPU default caps registers at 128 and
+    splits each tile in halves (`default_config`), static grid and schedule, against the
+    reference (with block scores)."""
+    from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
+
+    contexts, next_n, width = [300, 64, 5], 2, 320
+    rows, extra = len(contexts) * next_n, {"next_n": next_n}
+    row_ends = torch.tensor(
+        [c - (next_n - 1 - j) for c in contexts for j in range(next_n)], dtype=torch.int32
+    )
+    cache = make_cache(gen, contexts, num_heads=64, head_dim=128, page_entries=64)
+    queries = make_queries(gen, rows, 64, 128)
+    schedule = allocate_schedule(len(contexts), width, "cpu", split_keys=256)
+    build_decode_schedule(row_ends, schedule, next_n=next_n, split_keys=256, backend="reference")
+    blocks = {"block_size": 16, "block_cols": width // 16}
+    want, want_bs = run_dense("reference", cache, queries, row_ends, width, extra, **blocks)
+    for plan in (None, schedule):
+        got, got_bs = run_dense("triton", cache, queries, row_ends, width, extra,
+                                schedule=plan, **blocks)  # fmt: skip
+        assert_logits_match(got, want)
+        assert want_bs is not None and got_bs is not None
+        for r in range(rows):
+            written = cdiv(max(0, min(int(row_ends[r]), width)), 16)
+            assert_logits_match(got_bs[r, :written], want_bs[r, :written])
 
 
 def test_dense_prefill_mma_shaped_tile_loads(gen: torch.Generator) -> None:
@@ -529,18 +567,45 @@ def test_logits_config_refused(gen: torch.Generator, field: str, value: object) 
 
 def test_misaligned_kv_cache_refused(gen: torch.Generator) -> None:
     """The kernels read codes as 4-byte words: a cache view starting off a word boundary is a
-    ValueError naming kv_cache, raised before any launch (the output keeps its poison)."""
+    ValueError naming kv_cache, raised by both logits launchers before any launch (the
+    outputs keep their poison)."""
+    from graphidx.ops.kernels.gather import gather_mqa_logits as triton_gather
+    from graphidx.ops.kernels.logits import paged_mqa_logits as triton_logits
+
     cache = make_cache(gen, [40, 39], num_heads=4, head_dim=64, page_entries=32)
     pages, page_bytes = cache.kv_cache.shape
     # Made on the kernels' device: moving a strided view there would copy it contiguously.
     wide = torch.zeros(pages, page_bytes + 4, dtype=torch.uint8, device=TRITON_DEVICE)
     shifted = wide[:, 1 : 1 + page_bytes]
     shifted.copy_(cache.kv_cache)
-    queries = make_queries(gen, 4, 4, 64)
-    row_ends = torch.tensor([39, 40, 38, 39], dtype=torch.int32)
+    q, q_scale, weights, context_lens, block_table = on_triton_device(
+        *make_queries(gen, 4, 4, 64), cache.context_lens, cache.block_table
+    )
+    row_ends = torch.tensor([39, 40, 38, 39], dtype=torch.int32, device=TRITON_DEVICE)
+    out = torch.full((4, 48), NAN, device=TRITON_DEVICE)
     with pytest.raises(ValueError, match="kv_cache as 4-byte words"):
-        run_dense("triton", replace(cache, kv_cache=shifted), queries, row_ends, 48,
-                  {"next_n": 2})  # fmt: skip
+        triton_logits(q, q_scale, shifted, weights, context_lens, block_table, row_ends, out,
+                      next_n=2, page_entries=32)  # type: ignore[arg-type]  # fmt: skip
+    positions = torch.zeros((4, 2), dtype=torch.int32, device=TRITON_DEVICE)
+    live = torch.full((4,), 8, dtype=torch.int32, device=TRITON_DEVICE)
+    with pytest.raises(ValueError, match="kv_cache as 4-byte words"):
+        triton_gather(q, q_scale, shifted, weights, context_lens, block_table, positions, live,
+                      out, candidate_block_size=4, next_n=2, page_entries=32)  # type: ignore[arg-type]  # fmt: skip
+    assert bool(out.isnan().all())
+
+
+def test_cache_words_checks_the_data_pointer() -> None:
+    """A tensor whose storage starts off a word boundary (storage offset 0, data pointer odd)
+    is refused too; an aligned one becomes its int32 view."""
+    from graphidx.ops.kernels.mxfp4_tl import cache_words
+
+    buffer = bytearray(4 * 68 + 1)
+    odd = torch.frombuffer(buffer, dtype=torch.uint8, offset=1).view(4, 68)
+    assert odd.storage_offset() == 0 and odd.data_ptr() % 4 == 1
+    with pytest.raises(ValueError, match="data pointer"):
+        cache_words(odd)
+    aligned = torch.zeros(4, 68, dtype=torch.uint8)
+    assert cache_words(aligned).shape == (4, 17)
 
 
 def test_bf16x2_key_decode_is_exact() -> None:

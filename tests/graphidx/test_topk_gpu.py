@@ -67,8 +67,10 @@ def test_every_program_count_at_full_size(k: int) -> None:
     lengths[8] = 0
     lengths[9] = k - 1
     lengths = lengths.to(torch.int32)
-    for split in (1, 2, 4, 8, 16):
+    # The default (P = 1 with 8 warps at this width) and every split.
+    configs = [default_config(k, rows, width)] + [split_config(k, s) for s in (1, 2, 4, 8, 16)]
+    for config in configs:
         for _ in range(3):  # races, if any, need repeats to show
             out = torch.full((rows, k), SENTINEL, dtype=torch.int32, device="cuda")
-            topk_per_row(logits, lengths, k, out, config=split_config(k, split))
+            topk_per_row(logits, lengths, k, out, config=config)
             check_exact(logits, lengths, k, out)

@@ -107,7 +107,7 @@ class LogitsConfig:
     """Persistent programs per multiprocessor of the scheduled decode grid (4: as many as
     fit at 4 warps and <= 128 registers)."""
     prefetch: bool = False
-    """Load the next tile's bytes into registers while the current tile is processed (meant
+    """Load the next tile's codes into registers while the current tile is processed (meant
     for num_stages 1, where Triton does not pipeline the loads itself). Needs tiles within
     one page (page_entries % block_n == 0): a partial last tile then reads its page's
     remaining slots, which are allocated, and never writes them out."""
@@ -171,9 +171,10 @@ def default_config(
     64 keys and N = block_r * heads_pad <= 128 columns, no shared-memory pipelining
     (num_stages 1), keys loaded in the operand layout (`uses_mma_rows`). Decode prefetches
     the next tile in registers when page_entries % block_n == 0; on NVIDIA, decode at N = 128
-    caps 64-key tiles at 128 registers (4 resident programs per SM) and splits each tile's MMA
-    in two halves of the rows (`LogitsConfig.halves`, so nothing spills); prefill keeps the
-    compiler's choice (168 registers, 3 programs per SM, measured 2% faster than a 168 cap).
+    caps 64-key tiles at 128 registers (4 resident programs per SM) and, with >= 2 rows per
+    group, splits each tile's MMA in two halves of the rows (`LogitsConfig.halves`: the
+    scheduled kernel then spills nothing, the static one ~14 loads per tile); prefill keeps
+    the compiler's choice (168 registers, 3 programs per SM, measured 2% faster than a cap).
 
     Never depends on lengths, so a graph captured at one step replays at any other.
     """

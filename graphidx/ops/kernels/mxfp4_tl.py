@@ -73,14 +73,21 @@ def tile_split(head_dim: int) -> tuple[int, int]:
 
 
 def cache_words(kv_cache: torch.Tensor) -> torch.Tensor:
-    """The paged cache as int32 words `[pages, page_stride / 4]` (same memory), the kernels'
+    """The paged cache as int32 words `[pages, row_length / 4]` (same memory), the kernels'
     `kv_ptr`: codes load as words, scales through the same pointer read as bytes.
-    ValueError unless the page stride and the view's start are multiples of 4 bytes."""
-    if kv_cache.shape[1] % 4 or kv_cache.stride(0) % 4 or kv_cache.storage_offset() % 4:
+    ValueError unless the page stride, the row length, the storage offset and the data
+    pointer are multiples of 4 bytes (a whole tensor of the layout's page_bytes always is)."""
+    fields = {
+        "page stride": kv_cache.stride(0),
+        "row length": kv_cache.shape[1],
+        "storage offset": kv_cache.storage_offset(),
+        "data pointer": kv_cache.data_ptr(),
+    }
+    if any(value % 4 for value in fields.values()):
+        listed = ", ".join(f"{name} {value}" for name, value in fields.items())
         raise ValueError(
-            "the triton backend reads kv_cache as 4-byte words: its page stride "
-            f"({kv_cache.stride(0)}), row length ({kv_cache.shape[1]}) and storage offset "
-            f"({kv_cache.storage_offset()}) must be multiples of 4"
+            f"the triton backend reads kv_cache as 4-byte words: its {listed} must all be "
+            "multiples of 4"
         )
     return kv_cache.view(torch.int32)
 
