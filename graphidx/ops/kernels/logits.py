@@ -189,8 +189,9 @@ def default_config(
     block_n = max(block_n, candidate_block_size)
     one_page = page_entries % block_n == 0
     prefill = grouping == GROUP_QUERY_START_LOC
-    # Decode at N = 128: 128 registers (4 resident programs per SM) fit without spills when
-    # each tile's MMA and epilogue run over one half of the rows at a time.
+    # Decode at N = 128: 4 resident programs per SM at 128 registers; running each tile's MMA
+    # and epilogue over one half of the rows at a time keeps the spills few (none in the
+    # scheduled kernel).
     capped = not prefill and columns >= 128 and operand_mode() == OPERANDS_BF16X2
     capped = capped and block_n == 64
     return LogitsConfig(
