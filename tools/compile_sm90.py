@@ -1,6 +1,6 @@
 """Compile the logits kernels for sm_90 on a machine without a GPU and count their SASS.
 
-    python tools/compile_sm90.py [--case decode64 ...] [--config F,F,...] [--out DIR]
+    python tools/compile_sm90.py [--case decode64|topk512 ...] [--config F,F,...] [--out DIR]
 
 Device time is scarce; instruction counts are not. This runs the real launchers
 (`graphidx.ops.kernels.logits.paged_mqa_logits`) on small CPU tensors shaped like the H200
@@ -32,6 +32,7 @@ from triton.runtime.jit import JITFunction
 from graphidx.bench import random_block_table, random_kv_cache, random_queries
 from graphidx.ops.kernels import gather as triton_gather
 from graphidx.ops.kernels import logits as triton_logits
+from graphidx.ops.kernels import topk as triton_topk
 from graphidx.ops.kernels.gather import GatherConfig
 from graphidx.ops.kernels.logits import LogitsConfig
 from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
@@ -44,6 +45,7 @@ CASES = {
     "prefill": (64, 0, 4096, 32768, 64),
     "gather": (32, 2, 64, 65536, 128),  # pool of 2048 blocks of C = 8 per row
 }
+TOPK_CASES = {"topk512": 512, "topk2048": 2048}  # 128 rows x 65536 columns, this k
 GATHER_POOL_BLOCKS, GATHER_BLOCK_SIZE = 2048, 8
 SMALL_KEYS = 512  # the compiled code depends on shapes' strides and divisibility, not sizes
 
@@ -87,6 +89,13 @@ def compile_gather(config: GatherConfig | None) -> None:
         positions, live, out, candidate_block_size=GATHER_BLOCK_SIZE, next_n=next_n,
         page_entries=page_entries, config=config,
     )  # fmt: skip
+
+
+def compile_topk(k: int) -> None:
+    """The top-k launcher at the H200 case's shape (128 x 65536, default config)."""
+    logits = torch.zeros((128, 65536))
+    lengths = torch.full((128,), 65536, dtype=torch.int32)
+    triton_topk.topk_per_row(logits, lengths, k, torch.empty((128, k), dtype=torch.int32))
 
 
 def compile_case(name: str, config: LogitsConfig | None = None) -> None:
@@ -173,11 +182,13 @@ def report(kernel: object, label: str, out_dir: Path | None) -> None:
         [_tool("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True, text=True
     ).stdout
     registers = re.search(r"REG:(\d+)", usage)
+    spills = len(re.findall(r"\b(?:LDL|STL)\b", sass))
     loop = hottest_loop(sass)
     counts = opcode_counts(loop)
     print(
         f"{label}: warps {meta.num_warps} stages {meta.num_stages} "
-        f"regs {registers.group(1) if registers else '?'} smem {meta.shared} B; "
+        f"regs {registers.group(1) if registers else '?'} smem {meta.shared} B, "
+        f"{spills} local loads/stores; "
         f"hottest loop {sum(counts.values())} instructions per warp"
     )
     print("   " + ", ".join(f"{op} {n}" for op, n in counts.most_common(24)))
@@ -190,7 +201,7 @@ def report(kernel: object, label: str, out_dir: Path | None) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", action="append", choices=sorted(CASES))
+    parser.add_argument("--case", action="append", choices=sorted([*CASES, *TOPK_CASES]))
     parser.add_argument("--out", type=Path, help="keep TTGIR/PTX/SASS here")
     parser.add_argument(
         "--config",
@@ -205,6 +216,9 @@ def main() -> int:
         triton_logits._logits_static_kernel,
         triton_logits._logits_scheduled_kernel,
         triton_gather._gather_logits_kernel,
+        triton_topk._topk_row_kernel,
+        triton_topk._split_floor_kernel,
+        triton_topk._split_collect_kernel,
     ]
     for name in args.case or sorted(CASES):
         for kernel in kernels:
@@ -214,7 +228,9 @@ def main() -> int:
             if args.config
             else None
         )
-        if name == "gather":
+        if name in TOPK_CASES:
+            compile_topk(TOPK_CASES[name])
+        elif name == "gather":
             compile_gather(GatherConfig(*fields) if fields else None)  # type: ignore[arg-type]
         else:
             compile_case(name, LogitsConfig(*fields) if fields else None)  # type: ignore[arg-type]

@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphidx.ops.kernels import next_power_of_2
+from graphidx.ops.kernels import OPERANDS_BF16X2, next_power_of_2, operand_mode
 
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 """_order_key(-inf): every key <= this is never picked (a constexpr global for the kernels)."""
@@ -427,21 +427,25 @@ def _select(
     dst,
     candidates,
     ties,
-    counters,
+    above_total,
+    tied_total,
     k,
     K_PAD: tl.constexpr,
     CAP: tl.constexpr,
+    ORDERED: tl.constexpr,
 ):
-    """Write the row's k columns (phase 3) once every program's collect step is visible.
-    Buffers written by other programs are read through L2 (`.cg`, and atomics for counts)."""
-    above_total = tl.atomic_add(counters + ABOVE, 0, sem="relaxed")
-    tied_total = tl.atomic_add(counters + TIED, 0, sem="relaxed")
-    # The buffers fill in atomic (arrival) order, which varies from run to run: whenever only
-    # some of the columns tied at the threshold can be picked, the choice is made in column
-    # order by the whole-row pass instead, so equal inputs always give equal picks (a replayed
-    # graph must reproduce the eager answer).
+    """Write the row's k columns (phase 3) from the candidate and tie buffers and their
+    counts, once every writer's stores are visible (buffers are read through L2, `.cg`).
+
+    ORDERED: the buffers hold their columns in column order (one program wrote them in
+    order), so ties at the threshold are picked from them directly. Otherwise they fill in
+    atomic (arrival) order, which varies from run to run: whenever only some of the columns
+    tied at the threshold can be picked, the choice is made in column order by the whole-row
+    pass instead. Either way equal inputs always give equal picks, the same ones (a replayed
+    graph must reproduce the eager answer).
+    """
     if above_total <= k:
-        if tied_total > k - above_total:
+        if (tied_total > k - above_total) & (ORDERED == 0):
             _select_from_row(src, n, k, dst, FALLBACK_STEP)
         else:
             slot = tl.arange(0, K_PAD)
@@ -457,12 +461,116 @@ def _select(
         col = tl.load(candidates + slot, mask=inside, other=0, cache_modifier=".cg")
         key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
         threshold = _kth_largest_key(key, k, 32)
-        if tl.sum((key >= threshold).to(tl.int32), axis=0) > k:
+        if (tl.sum((key >= threshold).to(tl.int32), axis=0) > k) & (ORDERED == 0):
             _select_from_row(src, n, k, dst, FALLBACK_STEP)
         else:
             _emit_selection(key, col, threshold, k, dst)
     else:
         _select_from_row(src, n, k, dst, FALLBACK_STEP)
+
+
+@triton.jit
+def _store_in_place(ptrs, values, mask, PTX: tl.constexpr):
+    """`tl.store` of 32-bit values, issued by inline PTX from the threads that hold them when
+    PTX (compiled for NVIDIA): for a reduction's result Triton would first move it into a
+    coalesced layout through shared memory, with barriers. Threads holding the same element
+    store the same value, which is harmless. Plain `tl.store` otherwise."""
+    if PTX:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.b32 [$1], $3; mov.b32 $0, 0; }",
+            "=r,l,r,r",
+            [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32), values.to(tl.int32, bitcast=True)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        tl.store(ptrs, values.to(tl.int32, bitcast=True), mask=mask)
+
+
+@triton.jit
+def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, PTX: tl.constexpr):
+    """maxima[g] = the max key of columns [g * G, (g + 1) * G) of a row of length n (0 when
+    none is finite), for every g < cdiv(n, G): SG groups per step, full steps unmasked, each
+    step's maxima stored from where the reduction left them (no barrier in the loop)."""
+    group = tl.arange(0, SG)
+    col = group[:, None] * G + tl.arange(0, G)[None, :]
+    main_stop = n // (SG * G) * (SG * G)
+    for first in range(0, main_stop, SG * G):
+        group_max = tl.max(_load_keys(src, first + col, col, False), axis=1)
+        _store_in_place(maxima + first // G + group, group_max, group >= 0, PTX)
+    if main_stop < n:
+        key = _load_keys(src, main_stop + col, main_stop + col < n, True)
+        group_max = tl.max(key, axis=1)
+        _store_in_place(maxima + main_stop // G + group, group_max,
+                        main_stop + group * G < n, PTX)  # fmt: skip
+
+
+@triton.jit
+def _list_groups(maxima, n, k, group_list, G: tl.constexpr, NG_PAD: tl.constexpr):
+    """(floor, count): the row's floor from its group maxima, and the groups whose max is at
+    or above it (every column > floor or == floor lies in one), listed in ascending order."""
+    group = tl.arange(0, NG_PAD)
+    live = group < (n + G - 1) // G
+    group_max = tl.load(maxima + group, mask=live, other=0, cache_modifier=".cg")
+    group_max = group_max.to(tl.uint32, bitcast=True)
+    floor = _row_floor(group_max, k)
+    listed = (group_max >= floor).to(tl.int32)
+    tl.store(group_list + tl.cumsum(listed, axis=0) - 1, group, mask=listed != 0)
+    return floor, tl.sum(listed, axis=0)
+
+
+@triton.jit
+def _group_tile(src, n, group_list, first, listed, G: tl.constexpr, TG: tl.constexpr):
+    """(columns, keys) of list entries [first, first + TG) as one flat TG * G tile in column
+    order (entries past `listed` and columns past n give key 0)."""
+    step_group = tl.arange(0, TG)
+    inside = first + step_group < listed
+    group = tl.load(group_list + first + step_group, mask=inside, other=0, cache_modifier=".cg")
+    col = group[:, None] * G + tl.arange(0, G)[None, :]
+    key = _load_keys(src, col, inside[:, None] & (col < n), True)
+    return tl.reshape(col, [TG * G]), tl.reshape(key, [TG * G])
+
+
+@triton.jit
+def _collect_groups(
+    src,
+    n,
+    floor,
+    group_list,
+    listed,
+    candidates,
+    ties,
+    K_PAD: tl.constexpr,
+    CAP: tl.constexpr,
+    G: tl.constexpr,
+    TG: tl.constexpr,
+    PTX: tl.constexpr,
+):
+    """(above, tied): append the columns with key > floor of the `listed` groups of
+    `group_list` to `candidates` and those equal to a finite floor to `ties`, in column order,
+    TG groups per step; the counts count every match, the buffers keep the first CAP / K_PAD.
+    Both are numbered by one prefix sum over the step, the two counts packed in 16-bit halves
+    (a step holds fewer than 65536 columns). The next step's keys are loaded before this
+    step's prefix sum waits on the other warps."""
+    above_total = tl.zeros([], tl.int32)
+    tied_total = tl.zeros([], tl.int32)
+    col, key = _group_tile(src, n, group_list, 0, listed, G, TG)
+    for first in range(0, listed, TG):
+        above = key > floor
+        tied = (key == floor) & (key > KEY_NEG_INF)
+        packed = above.to(tl.int32) + (tied.to(tl.int32) << 16)
+        here = col
+        col, key = _group_tile(src, n, group_list, first + TG, listed, G, TG)
+        rank = tl.cumsum(packed, axis=0) - packed
+        slot = above_total + (rank & 0xFFFF)
+        _store_in_place(candidates + slot, here, above & (slot < CAP), PTX)
+        slot = tied_total + (rank >> 16)
+        _store_in_place(ties + slot, here, tied & (slot < K_PAD), PTX)
+        total = tl.sum(packed, axis=0)
+        above_total += total & 0xFFFF
+        tied_total += total >> 16
+    return above_total, tied_total
 
 
 @triton.jit(do_not_specialize=["lengths_ptr", "width"])
@@ -471,33 +579,36 @@ def _topk_row_kernel(
     lengths_ptr,
     out_ptr,
     scratch_ptr,
-    counters_ptr,
     row_stride,
     out_row_stride,
     width,
     k,
     K_PAD: tl.constexpr,
     CAP: tl.constexpr,
-    GROUPS: tl.constexpr,
-    BLOCKS: tl.constexpr,
+    G: tl.constexpr,
+    SG: tl.constexpr,
+    NG_PAD: tl.constexpr,
     ROW_INTS: tl.constexpr,
+    PTX: tl.constexpr,
 ):
-    """P = 1: one program per row, every phase in one launch."""
+    """P = 1: one program per row; one streaming pass, then only the listed groups."""
     row = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
     src = logits_ptr + row * row_stride
     candidates = scratch_ptr + row * ROW_INTS
     ties = candidates + CAP
-    counters = counters_ptr + row * COUNTER_SLOTS
-    tl.store(counters + tl.arange(0, 2), tl.zeros([2], tl.int32))
+    maxima = ties + K_PAD
+    group_list = maxima + NG_PAD
+    _store_group_maxima(src, n, maxima, G, SG, PTX)
+    # Each phase reads what other threads of this program wrote (through L2) in the last.
     tl.debug_barrier()
-    floor = _row_floor(_group_maxima(src, n, 0, GROUPS, GROUPS, BLOCKS), k)
-    _collect(src, n, floor, candidates, ties, counters, 0, K_PAD, CAP, GROUPS, GROUPS, BLOCKS)
-    # The buffers were written by other threads of this program; _select reads them and
-    # the counts through L2.
+    floor, listed = _list_groups(maxima, n, k, group_list, G, NG_PAD)
     tl.debug_barrier()
-    _select(src, n, out_ptr + row * out_row_stride, candidates, ties, counters, k,
-            K_PAD, CAP)  # fmt: skip
+    above, tied = _collect_groups(src, n, floor, group_list, listed, candidates, ties,
+                                  K_PAD, CAP, G, SG, PTX)  # fmt: skip
+    tl.debug_barrier()
+    _select(src, n, out_ptr + row * out_row_stride, candidates, ties, above, tied, k,
+            K_PAD, CAP, True)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["lengths_ptr", "width"])
@@ -565,8 +676,10 @@ def _split_collect_kernel(
     _collect(src, n, floor, candidates, ties, counters, piece, K_PAD, CAP, GROUPS, GS, BLOCKS)
     tl.debug_barrier()
     if tl.atomic_add(counters + COLLECT_ARRIVALS, 1, sem="acq_rel") == SPLIT - 1:
-        _select(src, n, out_ptr + row * out_row_stride, candidates, ties, counters, k,
-                K_PAD, CAP)  # fmt: skip
+        above = tl.atomic_add(counters + ABOVE, 0, sem="relaxed")
+        tied = tl.atomic_add(counters + TIED, 0, sem="relaxed")
+        _select(src, n, out_ptr + row * out_row_stride, candidates, ties, above, tied, k,
+                K_PAD, CAP, False)  # fmt: skip
 
 
 def _is_power_of_2(value: int) -> bool:
@@ -592,6 +705,41 @@ def check_config(config: TopkConfig, k: int) -> None:
         )
 
 
+def group_columns(width: int, groups: int) -> int:
+    """Columns per group of the P = 1 kernel: the power of two that cuts `width` columns
+    into at most `groups` contiguous groups."""
+    return next_power_of_2(max(1, -(-width // groups)))
+
+
+def _launch_options(cfg: TopkConfig) -> dict[str, int]:
+    launch = {"num_warps": cfg.num_warps}
+    if cfg.max_registers is not None:
+        launch["maxnreg"] = cfg.max_registers
+    return launch
+
+
+def _topk_rows(
+    logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor, cfg: TopkConfig
+) -> None:
+    """P = 1: `_topk_row_kernel` over every row, in batches whose scratch fits SCRATCH_BYTES."""
+    rows, width = logits.shape
+    k_pad = next_power_of_2(k)
+    group = group_columns(width, cfg.groups)
+    groups_pad = next_power_of_2(-(-width // group))
+    row_ints = cfg.capacity + k_pad + 2 * groups_pad
+    batch = max(1, SCRATCH_BYTES // (4 * row_ints))
+    scratch = torch.empty((min(rows, batch), row_ints), dtype=torch.int32, device=logits.device)
+    for first in range(0, rows, batch):
+        last = min(first + batch, rows)
+        _topk_row_kernel[(last - first,)](
+            logits[first:last], lengths[first:last], out[first:last], scratch,
+            logits.stride(0), out.stride(0), width, k,
+            K_PAD=k_pad, CAP=cfg.capacity, G=group, SG=max(1, cfg.chunk // group),
+            NG_PAD=groups_pad, ROW_INTS=row_ints, PTX=operand_mode() == OPERANDS_BF16X2,
+            **_launch_options(cfg),
+        )  # fmt: skip
+
+
 def topk_per_row(
     logits: torch.Tensor,
     lengths: torch.Tensor,
@@ -614,29 +762,21 @@ def topk_per_row(
     check_config(cfg, k)
     k_pad = next_power_of_2(k)
     split = cfg.programs_per_row
+    if split == 1:
+        _topk_rows(logits, lengths, k, out, cfg)
+        return
     slice_groups = cfg.groups // split
     blocks = max(1, cfg.chunk // slice_groups)
     maxima_at = cfg.capacity + k_pad
-    row_ints = maxima_at + (cfg.groups if split > 1 else 0)
-    # Rows are the grid's second axis when split (at most 65535 programs there).
+    row_ints = maxima_at + cfg.groups
+    # Rows are the grid's second axis (at most 65535 programs there).
     batch = min(max(1, SCRATCH_BYTES // (4 * row_ints)), 65535)
     size = min(rows, batch)
     scratch = torch.empty((size, row_ints), dtype=torch.int32, device=logits.device)
-    make_counters = torch.zeros if split > 1 else torch.empty
-    counters = make_counters((size, COUNTER_SLOTS.value), dtype=torch.int32, device=logits.device)
-    launch: dict[str, int] = {"num_warps": cfg.num_warps}
-    if cfg.max_registers is not None:
-        launch["maxnreg"] = cfg.max_registers
+    counters = torch.zeros((size, COUNTER_SLOTS.value), dtype=torch.int32, device=logits.device)
+    launch = _launch_options(cfg)
     for first in range(0, rows, batch):
         last = min(first + batch, rows)
-        if split == 1:
-            _topk_row_kernel[(last - first,)](
-                logits[first:last], lengths[first:last], out[first:last], scratch, counters,
-                logits.stride(0), out.stride(0), width, k,
-                K_PAD=k_pad, CAP=cfg.capacity, GROUPS=cfg.groups, BLOCKS=blocks,
-                ROW_INTS=row_ints, **launch,
-            )  # fmt: skip
-            continue
         if first > 0:
             counters.zero_()
         _split_floor_kernel[(split, last - first)](

@@ -1,0 +1,142 @@
+"""H200 script: where does the Triton top-k's time go (128 x 65536 float32, k 512 / 2048)?
+
+    python tools/device_topk_phases.py [--repeat 3]
+
+Times each case eagerly with do_bench's flush (a dirty L2, the method before session 4), as
+one CUDA-graph replay with that flush, and as a replay with a clean L2 (`time_us_graph`):
+- `stream max`: a bare streaming row max at several warps / chunk sizes / programs per row,
+  the rate one pass over the logits can reach with this grid;
+- the P = 1 kernel cut after each phase, built from the library's own jit helpers: group
+  maxima only, + the floor search, + the collect pass; then the full op;
+- the full op at P = 1 / 2 / 4 (the split launches timed bimodally when eager).
+A phase's cost is the difference between consecutive cuts. Prints one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from graphidx.bench import time_us, time_us_graph
+from graphidx.ops.kernels import next_power_of_2
+from graphidx.ops.kernels import topk as tk
+
+ROWS, WIDTH = 128, 65536
+ONE_READ_US = ROWS * WIDTH * 4 / 4.3e12 * 1e6
+
+
+@triton.jit
+def _stream_max_kernel(src_ptr, out_ptr, row_stride, n, CHUNK: tl.constexpr, SPLIT: tl.constexpr):
+    piece = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    src = src_ptr + row * row_stride
+    lane = tl.arange(0, CHUNK)
+    acc = tl.full([CHUNK], float("-inf"), tl.float32)
+    per = n // SPLIT
+    for start in range(piece * per, piece * per + per, CHUNK):
+        acc = tl.maximum(acc, tl.load(src + start + lane))
+    tl.store(out_ptr + row * SPLIT + piece, tl.max(acc, axis=0))
+
+
+@triton.jit
+def _cut_kernel(
+    logits_ptr, out_ptr, scratch_ptr, row_stride, n, k,
+    K_PAD: tl.constexpr, CAP: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+    NG_PAD: tl.constexpr, ROW_INTS: tl.constexpr, PHASES: tl.constexpr,
+):  # fmt: skip
+    """The P = 1 top-k kernel stopped after PHASES phases (1 maxima, 2 floor and group
+    list, 3 collect)."""
+    row = tl.program_id(0).to(tl.int64)
+    src = logits_ptr + row * row_stride
+    candidates = scratch_ptr + row * ROW_INTS
+    maxima = candidates + CAP + K_PAD
+    group_list = maxima + NG_PAD
+    tk._store_group_maxima(src, n, maxima, G, SG, True)
+    result = tl.zeros([], tl.int32)
+    if PHASES >= 2:
+        tl.debug_barrier()
+        floor, listed = tk._list_groups(maxima, n, k, group_list, G, NG_PAD)
+        result = listed
+        if PHASES >= 3:
+            tl.debug_barrier()
+            above, tied = tk._collect_groups(src, n, floor, group_list, listed, candidates,
+                                             candidates + CAP, K_PAD, CAP, G, SG, True)  # fmt: skip
+            result = above + tied
+    tl.store(out_ptr + row, result)
+
+
+def _timed(fn, repeat: int) -> tuple[float, float, float]:
+    """Medians over `repeat` calls: eager with do_bench's dirty L2, a graph replay with a
+    dirty L2, a graph replay with a clean L2."""
+    eager = statistics.median(time_us(fn, l2="dirty") for _ in range(repeat))
+    dirty = statistics.median(time_us_graph(fn, l2="dirty") for _ in range(repeat))
+    clean = statistics.median(time_us_graph(fn) for _ in range(repeat))
+    return eager, dirty, clean
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    logits = torch.randn(ROWS, WIDTH, device=device)
+    lengths = torch.full((ROWS,), WIDTH, dtype=torch.int32, device=device)
+    rows: list[tuple[str, float, float, float]] = []
+
+    def add(name: str, fn) -> None:
+        times = _timed(fn, args.repeat)
+        rows.append((name, *times))
+        print(f"{name:<40} " + " ".join(f"{t:7.1f}" for t in times), flush=True)
+
+    sink = torch.empty(ROWS * 8, device=device)
+    for warps, chunk, split in ((4, 2048, 1), (8, 4096, 1), (8, 8192, 1), (16, 8192, 1),
+                                (16, 16384, 1), (8, 4096, 2), (8, 4096, 4)):  # fmt: skip
+        add(f"stream max w{warps} chunk {chunk} P={split}", lambda w=warps, c=chunk, s=split:
+            _stream_max_kernel[(s, ROWS)](logits, sink, WIDTH, WIDTH, CHUNK=c, SPLIT=s,
+                                          num_warps=w))  # fmt: skip
+    out_cut = torch.empty(ROWS, dtype=torch.int32, device=device)
+    stats: list[str] = []
+    for k in (512, 2048):
+        cfg = tk.default_config(k, ROWS, WIDTH)
+        k_pad = next_power_of_2(k)
+        group = tk.group_columns(WIDTH, cfg.groups)
+        groups_pad = next_power_of_2(WIDTH // group)
+        row_ints = cfg.capacity + k_pad + 2 * groups_pad
+        scratch = torch.empty((ROWS, row_ints), dtype=torch.int32, device=device)
+        for phases, label in ((1, "maxima"), (2, "+ floor, list"), (3, "+ collect")):
+            add(f"k {k} cut {label}", lambda p=phases, cfg=cfg, k=k, k_pad=k_pad, g=group,
+                gp=groups_pad, r=row_ints, s=scratch: _cut_kernel[(ROWS,)](
+                    logits, out_cut, s, WIDTH, WIDTH, k, K_PAD=k_pad, CAP=cfg.capacity, G=g,
+                    SG=cfg.chunk // g, NG_PAD=gp, ROW_INTS=r, PHASES=p,
+                    num_warps=cfg.num_warps))  # fmt: skip
+            if phases > 1:
+                stats.append(f"k {k}: {'listed groups' if phases == 2 else 'candidates + ties'}"
+                             f" per row: mean {out_cut.float().mean():.0f}, max "
+                             f"{int(out_cut.max())}")
+        out = torch.full((ROWS, k), -1, dtype=torch.int32, device=device)
+        want = torch.sort(torch.topk(logits, k, dim=1).indices.int(), dim=1).values
+        for split in (1, 2, 4):
+            config = cfg if split == 1 else tk.split_config(k, split)
+            out.fill_(-1)
+            tk.topk_per_row(logits, lengths, k, out, config=config)
+            ok = torch.equal(torch.sort(out, dim=1).values, want)
+            add(f"k {k} full P={split} ({'OK' if ok else 'WRONG'})", lambda c=config, k=k,
+                o=out: tk.topk_per_row(logits, lengths, k, o, config=c))  # fmt: skip
+        add(f"k {k} torch.topk", lambda k=k: torch.topk(logits, k, dim=1))
+    print(f"\none read of the logits: {ONE_READ_US:.1f} us (4.3 TB/s)")
+    print(f"{'case (us)':<40} {'eager dirty':>11} {'graph dirty':>11} {'graph clean':>11} "
+          f"{'clean/read':>10}")
+    for name, eager, dirty, clean in rows:
+        print(f"{name:<40} {eager:11.1f} {dirty:11.1f} {clean:11.1f} {clean / ONE_READ_US:10.2f}")
+    print("\n".join(stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
