@@ -496,8 +496,13 @@ def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, PTX: 
     group = tl.arange(0, SG)
     col = group[:, None] * G + tl.arange(0, G)[None, :]
     main_stop = n // (SG * G) * (SG * G)
+    # Software-pipelined: the next step's loads are issued before this step's reduction
+    # (at the last step the last step again, an L2 hit; that keeps the loads unmasked).
+    key = _load_keys(src, col, col < main_stop, True)
     for first in range(0, main_stop, SG * G):
-        group_max = tl.max(_load_keys(src, first + col, col, False), axis=1)
+        here = key
+        key = _load_keys(src, tl.minimum(first + SG * G, main_stop - SG * G) + col, col, False)
+        group_max = tl.max(here, axis=1)
         _store_in_place(maxima + first // G + group, group_max, group >= 0, PTX)
     if main_stop < n:
         key = _load_keys(src, main_stop + col, main_stop + col < n, True)
