@@ -15,6 +15,7 @@ A phase's cost is the difference between consecutive cuts. Prints one table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 
@@ -128,6 +129,13 @@ def main() -> int:
             ok = torch.equal(torch.sort(out, dim=1).values, want)
             add(f"k {k} full P={split} ({'OK' if ok else 'WRONG'})", lambda c=config, k=k,
                 o=out: tk.topk_per_row(logits, lengths, k, o, config=c))  # fmt: skip
+        for warps, chunk in ((16, 8192), (8, 8192)):
+            config = dataclasses.replace(cfg, num_warps=warps, chunk=chunk)
+            out.fill_(-1)
+            tk.topk_per_row(logits, lengths, k, out, config=config)
+            ok = torch.equal(torch.sort(out, dim=1).values, want)
+            add(f"k {k} full P=1 w{warps} chunk {chunk} ({'OK' if ok else 'WRONG'})",
+                lambda c=config, k=k, o=out: tk.topk_per_row(logits, lengths, k, o, config=c))
         add(f"k {k} torch.topk", lambda k=k: torch.topk(logits, k, dim=1))
     print(f"\none read of the logits: {ONE_READ_US:.1f} us (4.3 TB/s)")
     print(f"{'case (us)':<40} {'eager dirty':>11} {'graph dirty':>11} {'graph clean':>11} "
