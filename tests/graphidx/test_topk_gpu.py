@@ -67,7 +67,7 @@ def test_every_program_count_at_full_size(k: int) -> None:
     lengths[8] = 0
     lengths[9] = k - 1
     lengths = lengths.to(torch.int32)
-    # The default (P = 1 with 8 warps at this width) and every split.
+    # The default (P = 1 with 16 warps at this width) and every split.
     configs = [default_config(k, rows, width)] + [split_config(k, s) for s in (1, 2, 4, 8, 16)]
     for config in configs:
         for _ in range(3):  # races, if any, need repeats to show

@@ -214,7 +214,7 @@ def test_default_config_path_and_sizes(gen: torch.Generator) -> None:
 def test_default_config_choice() -> None:
     h200 = default_config(512, 128, 65536)
     assert (h200.programs_per_row, h200.groups, h200.capacity) == (1, 2048, 1024)
-    assert (h200.num_warps, h200.chunk) == (8, 4096)  # a wide row: 8 warps at P = 1
+    assert (h200.num_warps, h200.chunk) == (16, 8192)  # a wide row at P = 1
     assert default_config(512, 128, 32768).num_warps == 4
     assert default_config(512, 8, 65536).programs_per_row == 16  # few rows: split
     assert default_config(2048, 128, 65536).programs_per_row == 1  # k above SPLIT_MAX_K
@@ -287,3 +287,13 @@ def test_ties_at_the_threshold_picked_in_column_order(gen: torch.Generator, spli
             tied = (rows[r] == tie_value).nonzero().flatten().tolist()
             want = set(big[:large].tolist()) | set(tied[: k - large])
             assert set(out[r].tolist()) == want, (r, split)
+
+
+def test_oversized_step_refused_before_any_launch() -> None:
+    logits = torch.randn(2, 600)
+    lengths = torch.tensor([600, 600], dtype=torch.int32)
+    out = torch.full((2, 8), SENTINEL, dtype=torch.int32)
+    config = dataclasses.replace(small_config(8, 1), chunk=65536)
+    with pytest.raises(ValueError, match=r"config\.chunk 65536"):
+        topk_per_row(logits, lengths, 8, out, config=config)
+    assert bool((out == SENTINEL).all())

@@ -107,9 +107,15 @@ SPLIT_MAX_K = 1024
 76 us, P = 2 125 us, P = 4 163 us: the last arriver's floor search over 8192 group maxima
 and the extra launch cost more than the split saves)."""
 WIDE_ROW_COLUMNS = 65536
-"""Row width from which one program per row gets 8 warps even at small k: at 128 x 65536,
-k 512, P = 1 measured 65.8-66.5 us with 8 warps in 7 runs against 102.3-105.3 with 4
-(tools/device_topk_timing.py; narrower rows unmeasured, so they keep 4)."""
+"""Row width from which one program per row gets WIDE_ROW_WARPS warps and WIDE_ROW_CHUNK
+columns per step: more loads in flight for the streaming pass. At 128 x 65536 (CUDA-graph
+replays, clean L2, tools/device_topk_phases.py) 16 warps / 8192 columns measured 39.6 us at
+k 512 and 55.6 at k 2048, against 42.6 / 59.4 with 8 warps / 4096 and 42.2 / 68.9 with 8 /
+8192; narrower rows unmeasured, so they keep split_config's sizes."""
+WIDE_ROW_WARPS = 16
+WIDE_ROW_CHUNK = 8192
+MAX_STEP_COLUMNS = 32768
+"""Columns one step of the one-program path may hold: its counts are packed in 16 bits."""
 MIN_SLICE_COLUMNS = 4096
 """Columns of the width each program keeps at least (a shorter stream is all overhead)."""
 MIN_SLICE_GROUPS = 128
@@ -141,7 +147,8 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
 
     P doubles from 1 while k <= SPLIT_MAX_K, rows * P < TARGET_PROGRAMS, width >= 2P *
     MIN_SLICE_COLUMNS and P < MAX_PROGRAMS_PER_ROW; the sizes are then `split_config(k, P)`,
-    with 8 warps at P = 1 from WIDE_ROW_COLUMNS on.
+    with WIDE_ROW_WARPS warps and WIDE_ROW_CHUNK columns per step at P = 1 from
+    WIDE_ROW_COLUMNS on.
     """
     split = 1
     while (
@@ -152,8 +159,8 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
     ):
         split *= 2
     config = split_config(k, split)
-    if split == 1 and width >= WIDE_ROW_COLUMNS and config.num_warps == 4:
-        config = dataclasses.replace(config, num_warps=8, chunk=512 * 8)
+    if split == 1 and width >= WIDE_ROW_COLUMNS:
+        config = dataclasses.replace(config, num_warps=WIDE_ROW_WARPS, chunk=WIDE_ROW_CHUNK)
     return config
 
 
@@ -730,6 +737,12 @@ def _topk_rows(
     rows, width = logits.shape
     k_pad = next_power_of_2(k)
     group = group_columns(width, cfg.groups)
+    if max(group, cfg.chunk) > MAX_STEP_COLUMNS:
+        raise ValueError(
+            f"top-k over rows of {width} columns with config.groups {cfg.groups} and "
+            f"config.chunk {cfg.chunk}: a step of the one-program path would hold "
+            f"{max(group, cfg.chunk)} columns, more than {MAX_STEP_COLUMNS}"
+        )
     groups_pad = next_power_of_2(-(-width // group))
     row_ints = cfg.capacity + k_pad + 2 * groups_pad
     batch = max(1, SCRATCH_BYTES // (4 * row_ints))
