@@ -473,8 +473,8 @@ def topk_cases(
 ) -> list[CaseResult]:
     """Rows: `top-k {k}` (the default config, through the op); `top-k {k} P={p}` for each
     other P in TOPK_SPLITS (`split_config(k, P)`); `top-k {k} P={default P} warps={w}` (the
-    default config with the other of 4 and 8 warps) and `... maxnreg=80` (with the register
-    cap TOPK_MAX_REGISTERS); `torch.topk {k}`."""
+    default config with 8 warps, or 4 when it has 8, the same columns per thread) and
+    `... maxnreg=80` (with the register cap TOPK_MAX_REGISTERS); `torch.topk {k}`."""
     from graphidx.ops import topk_per_row
     from graphidx.ops.kernels import topk as triton_topk
 
@@ -518,9 +518,11 @@ def topk_cases(
             triton_topk.topk_per_row(logits, lengths, k, out, config=config)
 
         results.append(_sweep_point(label, functools.partial(case, label, run, config)))
-    warps = 12 - default.num_warps  # the other of 4 and 8, at the default P
+    warps = 8 if default.num_warps != 8 else 4  # another warp count, at the default P
     variants = {
-        f"warps={warps}": replace(default, num_warps=warps, chunk=512 * warps),
+        f"warps={warps}": replace(
+            default, num_warps=warps, chunk=default.chunk * warps // default.num_warps
+        ),
         f"maxnreg={TOPK_MAX_REGISTERS}": replace(default, max_registers=TOPK_MAX_REGISTERS),
     }
     for suffix, config in variants.items():
