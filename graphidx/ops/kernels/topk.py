@@ -4,57 +4,56 @@ Values are compared through the order-preserving uint32 image of float32 (`_orde
 flip the sign bit of non-negatives, invert negatives), so ties and signed zeros follow one
 total order. Keys of -inf (and anything below) are never picked.
 
-Each row is worked by P programs (`TopkConfig.programs_per_row`, a power of two chosen on the
-host from the shapes only, see `default_config`). The row's columns fall into GROUPS
-interleaved groups (column j is in group j % GROUPS); program s of the row owns groups
-[s * GS, (s + 1) * GS) with GS = GROUPS / P, i.e. the GS-column piece at offset s * GS of
-every GROUPS-column block of the row. A run of adjacent top keys therefore lands in distinct
-groups and is spread over all P programs.
+Both paths rest on one bound: any k distinct columns' keys bound the row's k-th largest key
+from below, so the k-th largest of the rows' group maxima (groups of disjoint columns) is a
+*floor*: every top-k column has key >= floor. With about 4k groups, ~1.2-1.6k columns lie
+above it on continuous data. The floor is found by a search over the maxima that starts
+below their common prefix and stops after FLOOR_BITS bits (a lower bound is all it needs).
 
-1. *Floor.* Each program streams its piece and keeps each group's max key. Any k of the row's
-   GROUPS maxima are k distinct columns, so the k-th largest group max is a lower bound
-   (`floor`) of the row's k-th largest key; with GROUPS >= 4k only ~1.15k columns lie above
-   it on continuous data. The bound is found by a search over the maxima that starts below
-   their common prefix and stops after FLOOR_BITS bits (a lower bound is all it needs).
-2. *Collect.* Each program streams its piece again: columns with key > floor go to the row's
-   candidate buffer (up to CAP = 2 * K_PAD entries; tiles of 4 adjacent columns, one vector
-   load per thread, a tile with matches takes its slots with one relaxed atomic), columns
-   equal to the floor to a tie buffer (up to K_PAD; one atomic per step that has any).
-3. *Select*, one program per row.
-   - at most k candidates: the floor *is* the k-th largest key when the row has k finite
-     values; write every candidate, then tied columns up to k, then -1 padding;
-   - up to CAP candidates: find the exact k-th largest key among them and write the keys
-     above it plus enough equal ones;
-   - more than CAP (adversarial rows, e.g. the top keys crowded into few groups): the same
-     search over the whole row, 16 counting passes. Slow, never wrong.
-Exactly min(k, #finite values) distinct columns are written, then -1 padding. The picks are
-deterministic: when the threshold's ties cannot all be picked, the tied columns are chosen in
-column order (by the whole-row pass), never in the buffers' arrival order. (NaN input is
-undefined by the contract; here a NaN ranks by its bits: +NaN above +inf, -NaN like -inf.)
+One program per row (P = 1, `_topk_row_kernel`, one launch), rows cut into G-column
+*contiguous* groups (G = `group_columns(width, groups)`):
+1. *Maxima.* One streaming pass writes each group's max key to scratch (the next step's
+   loads issued before this step's reduction; stores made from the reduction's layout).
+2. *List.* The floor from the maxima, then the groups whose max is >= floor listed in
+   ascending order: they hold every column >= floor (~k groups, a quarter of a 65536-column
+   row at k 512 or 2048).
+3. *Collect.* Only the listed groups are read again (from L2): columns > floor go to the
+   candidate buffer (CAP = 2 * K_PAD entries), columns == floor to the tie buffer (K_PAD),
+   numbered by one prefix sum per step, so both buffers hold their columns in column order.
+4. *Select* (`_select`): at most k candidates: the floor *is* the k-th largest key when the
+   row has k finite values; write every candidate, then the first tied columns up to k, then
+   -1. Up to CAP: find the exact k-th largest key among them and write the keys above it
+   plus the first equal ones. More than CAP (adversarial rows, e.g. the top keys crowded into
+   few groups): the same search over the whole row, 16 counting passes. Slow, never wrong.
 
-Every search resolves 2 bits per CTA-wide count (three trial thresholds counted in one
-packed int64 sum) and stops early once exactly k keys are at or above the threshold.
+P > 1 programs per row (few, wide rows): the row's columns fall into GROUPS *interleaved*
+groups (column j is in group j % GROUPS) and program s of the row owns groups [s * GS, (s + 1)
+* GS), GS = GROUPS / P, so a run of adjacent top keys is spread over all P programs.
+`_split_floor_kernel` (grid P x rows) writes each program's group maxima to scratch and the
+last program of a row to arrive (acq_rel counter) computes the row's floor;
+`_split_collect_kernel` streams every column again, appending those > floor / == floor with
+relaxed atomics (in arrival order), and the row's last program to arrive selects. Because
+that order varies from run to run, whenever only some of the columns tied at the threshold
+can be picked this path takes them from the whole-row pass instead (in column order).
 
-Launches. P = 1 (`_topk_row_kernel`): one program per row runs the three phases in one
-launch. P > 1: `_split_floor_kernel` (grid P x rows: a row's programs are dispatched
-together, so its tail overlaps the next rows' streaming) writes each program's group maxima to
-scratch and the last program of a row to arrive (acq_rel counter) computes the row's floor;
-`_split_collect_kernel` (P x rows) collects, and the last program of the row to arrive
-selects. Counters are zeroed by one memset before those two launches.
+Either way exactly min(k, #finite values) distinct columns are written, then -1 padding, and
+when only some tied columns can be picked they are the tied columns of smallest index: equal
+inputs always give equal picks, whatever the path (a replayed graph must reproduce the eager
+answer). (NaN input is undefined by the contract; here a NaN ranks by its bits: +NaN above
++inf, -NaN like -inf.) Every search resolves 2 bits per CTA-wide count (three trial
+thresholds counted in one packed int64 sum) and stops early once exactly k keys are at or
+above the threshold.
 
-Cost in reads of the row (its length, not its width): two streaming passes (floor, collect),
-plus the candidates (~1.15k-2.3k indices written and read, their keys gathered) and, when
-P > 1, the group maxima (GROUPS * 4 bytes written, read once by the last arriver: 1/4 of a
-65536-column row at GROUPS = 8192, 1/16 at 2048): about 2.3 reads in all. The second pass
-runs right after the first, so when the batch fits in L2 (128 x 65536 float32 = 33.5 MB,
-against the H200's 50 MB) it should come mostly from L2, leaving about one DRAM read; that
-is expected, not measured. Scratch is allocated per call (rows x (CAP + K_PAD [+ GROUPS when
-P > 1]) int32, in row batches of at most SCRATCH_BYTES).
+Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session 4):
+P = 1 at 16 warps takes 39.9 us at k 512 and 55.2 at k 2048, 5.0 and 6.9 times one read of
+the logits (7.8 us at 4.3 TB/s): the streaming pass alone takes ~17 us at one program per
+multiprocessor, the collect ~12, the select 9-17 (tools/device_topk_phases.py).
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
 rows narrower than 8192 columns, P > 1 for fewer, wider rows (8 x 65536 -> P = 16, one row of
-1M columns -> P = 128). The P = 1 kernel is the one-launch design for rows that fill the GPU.
+1M columns -> P = 128). Scratch is allocated per call, in row batches of at most
+SCRATCH_BYTES.
 """
 
 from __future__ import annotations
@@ -127,10 +126,12 @@ MAX_PROGRAMS_PER_ROW = MAX_GROUPS // MIN_SLICE_GROUPS
 class TopkConfig:
     """Sizes of one top-k call (every size a power of two).
 
-    groups: interleaved groups per row (the floor phase); capacity: candidate buffer entries
-    per row (>= next_power_of_2(k)); num_warps: warps per program; programs_per_row: P,
-    programs splitting each row (groups // P >= 4); chunk: columns a program loads per step
-    (raised to groups // P when smaller); max_registers: Triton's `maxnreg` for every launch
+    groups: group maxima per row behind the floor (P = 1: at most this many contiguous
+    groups of a power-of-two width; P > 1: exactly this many interleaved groups); capacity:
+    candidate buffer entries per row (>= next_power_of_2(k)); num_warps: warps per program;
+    programs_per_row: P, programs splitting each row (groups // P >= 4); chunk: columns a
+    program loads per step (P = 1: also per collect step, at most MAX_STEP_COLUMNS; P > 1:
+    raised to groups // P when smaller); max_registers: Triton's `maxnreg` for every launch
     (None: the compiler's choice), a tuning hook for occupancy.
     """
 
