@@ -2,6 +2,7 @@
 
     TRITON_CACHE_DIR=/tmp/tc python tools/device_profile.py --out DIR [--case decode64]
     ncu --clock-control none -k regex:logits -c 1 python tools/device_profile.py --case decode64
+    (--schedule: decode cases launch the persistent scheduled kernel instead of the static grid)
 
 Runs each selected case (dense decode H64 next_n 2 64 x 16K, dense decode H32 64 x 64K,
 prefill H64 4096 x 32K) twice with no timing loop (so ncu can take exactly one launch), then
@@ -24,6 +25,7 @@ import torch
 from graphidx.bench import random_block_table, random_kv_cache, random_queries
 from graphidx.ops.kernels import logits as triton_logits
 from graphidx.ops.kernels.logits import LogitsConfig
+from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
 
 HEAD_DIM = 128
 CASES = {
@@ -34,7 +36,9 @@ CASES = {
 }
 
 
-def run_case(name: str, device: torch.device, config: LogitsConfig | None = None) -> None:
+def run_case(
+    name: str, device: torch.device, config: LogitsConfig | None = None, schedule: bool = False
+) -> None:
     heads, next_n, count, keys, page_entries = CASES[name]
     prefill = next_n == 0
     contexts = [keys] if prefill else [keys] * count
@@ -49,11 +53,15 @@ def run_case(name: str, device: torch.device, config: LogitsConfig | None = None
         ends = [c - (next_n - 1 - j) for c in contexts for j in range(next_n)]
     row_ends = torch.tensor(ends, dtype=torch.int32, device=device)
     out = torch.empty((rows, keys), device=device)
-    grouping = (
+    grouping: dict[str, object] = (
         {"query_start_loc": torch.tensor([0, rows], dtype=torch.int32, device=device)}
         if prefill
         else {"next_n": next_n}
     )
+    if schedule and not prefill:
+        plan = allocate_schedule(count, keys, device)
+        build_decode_schedule(row_ends, plan, next_n=next_n, backend="triton")
+        grouping["schedule"] = plan
     for _ in range(2):
         triton_logits.paged_mqa_logits(
             q, q_scale, kv, weights, context_lens, table, row_ends, out,
@@ -86,6 +94,9 @@ def collect_artifacts(cache_dir: Path, out_dir: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", choices=sorted(CASES))
+    parser.add_argument(
+        "--schedule", action="store_true", help="decode cases run the persistent schedule"
+    )
     parser.add_argument("--out", help="folder for artifacts.tgz (needs TRITON_CACHE_DIR)")
     parser.add_argument(
         "--config", help="LogitsConfig fields in order, comma-separated ints or 'none'"
@@ -97,7 +108,7 @@ def main() -> int:
         fields = [None if f == "none" else int(f) for f in args.config.split(",")]
         config = LogitsConfig(*fields)  # type: ignore[arg-type]
     for name in args.case or sorted(CASES):
-        run_case(name, device, config)
+        run_case(name, device, config, args.schedule)
     if args.out:
         cache = os.environ.get("TRITON_CACHE_DIR")
         if not cache:

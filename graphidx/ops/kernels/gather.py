@@ -30,17 +30,20 @@ from graphidx.ops.kernels import (
     require_bf16_tensor_cores,
 )
 from graphidx.ops.kernels.mxfp4_tl import (
+    BF16X2_OPERANDS,
+    LINE_ENTRIES,
     cache_words,
     decode_key_tile,
     key_tile_words,
     load_query_tile,
     mma_operand,
+    prefetch_key_tile,
     relu_propagate_nan,
     seq_of_row,
-    store_in_layout,
     tile_scores,
     tile_split,
 )
+from graphidx.ops.kernels.ptx import store_b32
 
 GATHER_SPLIT_COLUMNS = 2048
 """Compact columns per program: amortizes the Q decode and fills the GPU at 128 rows."""
@@ -57,8 +60,9 @@ class GatherConfig:
     num_warps: int
     num_stages: int
     prefetch: bool = True
-    """Read the next tiles' positions and pages while a tile is scored (see the kernel)
-    instead of each tile's whole chain of dependent reads when it is scored."""
+    """Run the chain of dependent reads ahead of the scoring (see the kernel): the next
+    tile's codes are prefetched into L1, later tiles' pages and positions are loading,
+    instead of each tile's whole chain of reads when it is scored."""
 
 
 def check_config(config: GatherConfig) -> None:
@@ -79,7 +83,8 @@ def default_config(candidate_block_size: int) -> GatherConfig:
     """128 keys per tile on a GPU (sm_90 SASS of the tile loop: 659 instructions per warp
     and 128 keys, against 2 x 383 at 64); the loads are gathers, so no shared-memory
     pipelining (num_stages 1): latency is hidden by 3 resident programs per SM and by
-    loading the next tiles' positions and pages ahead (`prefetch`)."""
+    running the reads ahead (`prefetch`: 114.1 -> 108.5 us at H32, 128 x 16384, C 8 with the
+    L1 prefetch of the next tile's codes, tools/device_ab.py)."""
     block_n = 16 if operand_mode() == OPERANDS_FP32 else 128
     return GatherConfig(
         block_n=max(block_n, next_power_of_2(candidate_block_size)), num_warps=4, num_stages=1
@@ -128,6 +133,21 @@ def _tile_keys(page, slot, scored, kv_ptr, page_stride, D: tl.constexpr, E: tl.c
 
 
 @triton.jit
+def _prefetch_tile(page, slot, scored, kv_ptr, page_stride, D: tl.constexpr, E: tl.constexpr,
+                   NPT: tl.constexpr, LANES: tl.constexpr, SUB: tl.constexpr,
+                   RUN: tl.constexpr, LINE_RUN: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
+    """L1 prefetch of a tile's codes from `_slots_of` (`prefetch_key_tile`): one slot per
+    LINE_RUN columns (LINE_ENTRIES when C is a multiple of it: such a run is LINE_ENTRIES
+    consecutive slots of one page, sharing their lines)."""
+    runs: tl.constexpr = page.shape[0] // LINE_RUN
+    page = tl.max(tl.reshape(page, [runs, LINE_RUN]), axis=1)
+    slot = tl.max(tl.reshape(slot, [runs, LINE_RUN]), axis=1)
+    scored = tl.max(tl.reshape(scored.to(tl.int32), [runs, LINE_RUN]), axis=1) != 0
+    page_ptr = kv_ptr + page.to(tl.int64) * page_stride
+    prefetch_key_tile(page_ptr, slot, scored, D, E, NPT, LANES, SUB, RUN, PTX)
+
+
+@triton.jit
 def _score_tile(tile_start, values, scales, scored, queries_t, weights, out_row, score_stop,
                 OPERANDS: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """Decode, multiply and store one tile: -inf where not scored, nothing past score_stop."""
@@ -136,7 +156,7 @@ def _score_tile(tile_start, values, scales, scored, queries_t, weights, out_row,
     scores = relu_propagate_nan(tile_scores(keys, queries_t, OPERANDS))
     logits = tl.sum(scores * weights[None, :], axis=1)
     logits = tl.where(scored, logits, float("-inf"))
-    store_in_layout(out_row + col, logits, col < score_stop, OPERANDS)
+    store_b32(out_row + col, logits, col < score_stop, OPERANDS == BF16X2_OPERANDS)
 
 
 @triton.jit(do_not_specialize=["ctx_ptr", "live_ptr", "qsl_ptr", "num_seqs", "rows_per_seq"])
@@ -179,6 +199,7 @@ def _gather_logits_kernel(
     CLEAN: tl.constexpr,
     OPERANDS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    LINE_RUN: tl.constexpr,
 ):
     row = tl.program_id(0)
     col_start = tl.program_id(1) * SPLIT
@@ -215,24 +236,30 @@ def _gather_logits_kernel(
         slot_args = (score_stop, context, block_row, pos_row, pool_blocks)
         tile_args = (queries_t, weights, out_row, score_stop)
         if PREFETCH:
-            # The chain of dependent reads runs ahead of the scoring: while a tile is scored,
-            # the page of the next tile and the positions of the one after are loading (each
-            # waits a whole tile for the read it depends on); codes load with their tile.
+            # The chain of dependent reads runs ahead of the scoring: while tile i is scored,
+            # tile i + 1's codes are prefetched into L1 (its page was read a tile earlier),
+            # tile i + 2's pages and tile i + 3's positions are loading; each read waits a
+            # whole tile for the one it depends on, and tile i's codes come from L1.
             page, slot, scored = _tile_slots(col_start, *slot_args, C, E, BLOCK_N)
-            firsts = _tile_firsts(col_start + BLOCK_N, score_stop, pos_row, pool_blocks, C,
+            page1, slot1, scored1 = _tile_slots(col_start + BLOCK_N, *slot_args, C, E, BLOCK_N)
+            firsts = _tile_firsts(col_start + 2 * BLOCK_N, score_stop, pos_row, pool_blocks, C,
                                   BLOCK_N)  # fmt: skip
             for tile_start in range(col_start, score_stop, BLOCK_N):
+                _prefetch_tile(page1, slot1, scored1, kv_ptr, page_stride, D, E, NPT, LANES,
+                               SUB, RUN, LINE_RUN, OPERANDS == BF16X2_OPERANDS)  # fmt: skip
                 values, scales = _tile_keys(
                     page, slot, scored, kv_ptr, page_stride, D, E, NPT, LANES, SUB, RUN
                 )
-                next_page, next_slot, next_scored = _slots_of(
-                    tile_start + BLOCK_N, firsts, score_stop, context, block_row, C, E, BLOCK_N
-                )
-                firsts = _tile_firsts(tile_start + 2 * BLOCK_N, score_stop, pos_row,
+                page2, slot2, scored2 = _slots_of(
+                    tile_start + 2 * BLOCK_N, firsts, score_stop, context, block_row, C, E,
+                    BLOCK_N,
+                )  # fmt: skip
+                firsts = _tile_firsts(tile_start + 3 * BLOCK_N, score_stop, pos_row,
                                       pool_blocks, C, BLOCK_N)  # fmt: skip
                 _score_tile(tile_start, values, scales, scored, *tile_args,
                             OPERANDS, BLOCK_N)  # fmt: skip
-                page, slot, scored = next_page, next_slot, next_scored
+                page, slot, scored = page1, slot1, scored1
+                page1, slot1, scored1 = page2, slot2, scored2
         else:
             for tile_start in range(col_start, score_stop, BLOCK_N):
                 page, slot, scored = _tile_slots(tile_start, *slot_args, C, E, BLOCK_N)
@@ -344,6 +371,7 @@ def gather_mqa_logits(
         CLEAN=clean,
         OPERANDS=operand_mode(),
         PREFETCH=cfg.prefetch,
+        LINE_RUN=LINE_ENTRIES.value if candidate_block_size % LINE_ENTRIES.value == 0 else 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip

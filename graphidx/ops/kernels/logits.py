@@ -50,6 +50,7 @@ from graphidx.ops.kernels import (
     require_bf16_tensor_cores,
 )
 from graphidx.ops.kernels.mxfp4_tl import (
+    BF16X2_OPERANDS,
     cache_words,
     decode_key_tile,
     key_tile_words,
@@ -60,10 +61,10 @@ from graphidx.ops.kernels.mxfp4_tl import (
     mma_tile_rows,
     relu_propagate_nan,
     seq_of_row,
-    store_in_layout,
     tile_scores,
     tile_split,
 )
+from graphidx.ops.kernels.ptx import store_b32
 from graphidx.ops.schedule import SCHEDULE_HEADER_INTS, SCHEDULE_ITEM_INTS, SPLIT_ALIGNMENT
 
 GROUP_FIXED = 0  # next_n rows (or one row) per seq
@@ -526,7 +527,7 @@ def _score_tile(
     logits = tl.sum(tl.reshape(scores, [BLOCK_N, BLOCK_R, HP]), axis=2)
     visible = key[:, None] < row_len[None, :]
     out_rows = out_ptr + row.to(tl.int64)[None, :] * out_row_stride
-    store_in_layout(out_rows + key[:, None], logits, visible, OPERANDS)
+    store_b32(out_rows + key[:, None], logits, visible, OPERANDS == BF16X2_OPERANDS)
     if HAS_BLOCK_SCORES:
         BLOCKS: tl.constexpr = BLOCK_N // C
         masked = tl.where(visible, logits, float("-inf"))

@@ -43,6 +43,7 @@ import triton.language as tl
 
 from graphidx.ops.kernels import OPERANDS_BF16X2 as _BF16X2_MODE
 from graphidx.ops.kernels import OPERANDS_FP32 as _FP32_MODE
+from graphidx.ops.kernels.ptx import prefetch_l1
 
 FP16_CODE_FACTOR = tl.constexpr(float(2**14))
 """Undoes the `2**-14` of an e2m1 code read as an fp16 (see the module docstring)."""
@@ -55,6 +56,8 @@ BF16_PAIR_CODES = tl.constexpr((0x1040, -0x7E3F7E40))
 """(multiplier, mask 0x81C081C0) turning a nibble pair into a bf16 pair reading
 `value * 2**-126`: times 2**6 + 2**12 copies the magnitude to bits 6..8 and the sign to bit
 15 of each half (the copies never overlap, so no carries); the mask keeps those bits."""
+LINE_ENTRIES = tl.constexpr(8)
+"""Page slots whose 16-byte code chunks share one 128-byte line (`prefetch_key_tile`)."""
 FP32_OPERANDS = tl.constexpr(_FP32_MODE)
 BF16X2_OPERANDS = tl.constexpr(_BF16X2_MODE)
 """graphidx.ops.kernels.OPERANDS_FP32 / OPERANDS_BF16X2 as constexprs for the kernels."""
@@ -269,6 +272,34 @@ def key_tile_words(
 
 
 @triton.jit
+def prefetch_key_tile(
+    page_ptr,
+    entry,
+    live,
+    D: tl.constexpr,
+    E: tl.constexpr,
+    NPT: tl.constexpr,
+    LANES: tl.constexpr,
+    SUB: tl.constexpr,
+    RUN: tl.constexpr,
+    PTX: tl.constexpr,
+):
+    """Prefetch into L1 the cache lines `key_tile_words(page_ptr, entry, live, ...)` reads
+    for these entries (same arguments): every run of codes and every scale byte of each live
+    entry, so a later load of the tile waits tens of cycles instead of a DRAM round trip.
+    A 128-byte line holds one 16-byte chunk of LINE_ENTRIES consecutive slots, so a caller
+    covering a run of slots passes one slot per aligned LINE_ENTRIES of them. Only a hint: a
+    no-op without PTX (`graphidx.ops.kernels.ptx.prefetch_l1`), never changes a result."""
+    first, chunk = _run_starts(SUB, RUN)
+    entry_words, entry_scale, run_words, chunk_scale = _entry_offsets(
+        entry, first, chunk, D, E, NPT, LANES
+    )
+    live = live[:, None, None, None]
+    prefetch_l1((page_ptr + entry_words)[:, None, None, None] + run_words, live, PTX)
+    prefetch_l1((as_bytes(page_ptr) + entry_scale)[:, None, None, None] + chunk_scale, live, PTX)
+
+
+@triton.jit
 def mma_tile_rows(BLOCK_N: tl.constexpr):
     """Tile row of every (g, w, p, r) in `key_tile_words_mma`'s index space: int32
     `[1, 8, 4, BLOCK_N // 64, 2, 1, 1]`, row m = g + 8 r + 16 w + 64 p."""
@@ -408,25 +439,6 @@ def tile_scores(keys, queries_t, OPERANDS: tl.constexpr):
 
 
 @triton.jit
-def store_in_layout(ptrs, values, mask, OPERANDS: tl.constexpr):
-    """`tl.store(ptrs, values, mask=mask)` for float32 values, issued from the threads that
-    hold them under OPERANDS_BF16X2 (inline PTX): Triton would first move a tile-sized result
-    into a coalesced layout through shared memory, a barrier per tile. Threads holding the
-    same element store the same value twice, which is harmless. Plain `tl.store` elsewhere."""
-    if OPERANDS == BF16X2_OPERANDS:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.f32 [$1], $3; mov.b32 $0, 0; }",
-            "=r,l,r,r",
-            [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32), values],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-    else:
-        tl.store(ptrs, values, mask=mask)
-
-
-@triton.jit
 def relu_propagate_nan(x):
     """max(x, 0) that keeps NaN (a NaN scale must reach the logits, as in the reference)."""
     return tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)
@@ -462,6 +474,7 @@ __all__ = [
     "BF16_PAIR_CODES",
     "FP16_CODE_FACTOR",
     "FP16_PAIR_FIELDS",
+    "LINE_ENTRIES",
     "PAIR_NIBBLES",
     "SUPPORTED_HEAD_DIMS",
     "as_bytes",
@@ -478,9 +491,9 @@ __all__ = [
     "mma_operand",
     "mma_tile_rows",
     "nibble_pairs",
+    "prefetch_key_tile",
     "relu_propagate_nan",
     "seq_of_row",
-    "store_in_layout",
     "tile_scores",
     "tile_split",
 ]

@@ -66,6 +66,7 @@ import triton
 import triton.language as tl
 
 from graphidx.ops.kernels import OPERANDS_BF16X2, next_power_of_2, operand_mode
+from graphidx.ops.kernels.ptx import store_b32
 
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 """_order_key(-inf): every key <= this is never picked (a constexpr global for the kernels)."""
@@ -478,25 +479,6 @@ def _select(
 
 
 @triton.jit
-def _store_in_place(ptrs, values, mask, PTX: tl.constexpr):
-    """`tl.store` of 32-bit values, issued by inline PTX from the threads that hold them when
-    PTX (compiled for NVIDIA): for a reduction's result Triton would first move it into a
-    coalesced layout through shared memory, with barriers. Threads holding the same element
-    store the same value, which is harmless. Plain `tl.store` otherwise."""
-    if PTX:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.b32 [$1], $3; mov.b32 $0, 0; }",
-            "=r,l,r,r",
-            [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32), values.to(tl.int32, bitcast=True)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-    else:
-        tl.store(ptrs, values.to(tl.int32, bitcast=True), mask=mask)
-
-
-@triton.jit
 def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, PTX: tl.constexpr):
     """maxima[g] = the max key of columns [g * G, (g + 1) * G) of a row of length n (0 when
     none is finite), for every g < cdiv(n, G): SG groups per step, full steps unmasked, each
@@ -511,12 +493,12 @@ def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, PTX: 
         here = key
         key = _load_keys(src, tl.minimum(first + SG * G, main_stop - SG * G) + col, col, False)
         group_max = tl.max(here, axis=1)
-        _store_in_place(maxima + first // G + group, group_max, group >= 0, PTX)
+        store_b32(maxima + first // G + group, group_max, group >= 0, PTX)
     if main_stop < n:
         key = _load_keys(src, main_stop + col, main_stop + col < n, True)
         group_max = tl.max(key, axis=1)
-        _store_in_place(maxima + main_stop // G + group, group_max,
-                        main_stop + group * G < n, PTX)  # fmt: skip
+        store_b32(maxima + main_stop // G + group, group_max,
+                  main_stop + group * G < n, PTX)  # fmt: skip
 
 
 @triton.jit
@@ -577,9 +559,9 @@ def _collect_groups(
         col, key = _group_tile(src, n, group_list, first + TG, listed, G, TG)
         rank = tl.cumsum(packed, axis=0) - packed
         slot = above_total + (rank & 0xFFFF)
-        _store_in_place(candidates + slot, here, above & (slot < CAP), PTX)
+        store_b32(candidates + slot, here, above & (slot < CAP), PTX)
         slot = tied_total + (rank >> 16)
-        _store_in_place(ties + slot, here, tied & (slot < K_PAD), PTX)
+        store_b32(ties + slot, here, tied & (slot < K_PAD), PTX)
         total = tl.sum(packed, axis=0)
         above_total += total & 0xFFFF
         tied_total += total >> 16

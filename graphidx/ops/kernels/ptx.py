@@ -1,0 +1,56 @@
+"""Inline-PTX memory operations for the NVIDIA kernels: stores issued from a tensor's own
+layout, and L1 prefetches.
+
+Each helper takes `PTX`, a constexpr that is true when the kernel is compiled for an NVIDIA GPU
+(`operand_mode() == OPERANDS_BF16X2`). Without it (ROCm, the interpreter) the store is a plain
+`tl.store` and the prefetch does nothing, so results never depend on it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+_PREDICATED = "{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p {} mov.b32 $0, 0; }}"
+STORE_ASM = tl.constexpr(_PREDICATED.format("st.global.b32 [$1], $3;"))
+PREFETCH_L1_ASM = tl.constexpr(_PREDICATED.format("prefetch.global.L1 [$1];"))
+"""Each instruction runs only where operand $2 (the mask) is nonzero; $0 is a dummy result."""
+
+
+@triton.jit
+def store_b32(ptrs, values, mask, PTX: tl.constexpr):
+    """`tl.store(ptrs, values, mask=mask)` for 32-bit values (float32, int32, uint32), issued
+    by inline PTX from the threads that hold them when PTX: for a reduction's or an MMA's
+    result Triton would first move the values into a coalesced layout through shared memory,
+    with barriers. Threads holding the same element store the same value, which is harmless."""
+    bits = values.to(tl.int32, bitcast=True)
+    if PTX:
+        tl.inline_asm_elementwise(
+            STORE_ASM,
+            "=r,l,r,r",
+            [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32), bits],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        tl.store(ptrs.to(tl.pointer_type(tl.int32), bitcast=True), bits, mask=mask)
+
+
+@triton.jit
+def prefetch_l1(ptrs, mask, PTX: tl.constexpr):
+    """Ask for the cache lines holding `ptrs` (where `mask`) to be brought into L1 ahead of
+    the loads that will read them: `prefetch.global.L1`, which holds no register and is never
+    waited on. Pass only addresses the kernel may read. A no-op without PTX."""
+    if PTX:
+        tl.inline_asm_elementwise(
+            PREFETCH_L1_ASM,
+            "=r,l,r",
+            [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
+__all__ = ["prefetch_l1", "store_b32"]

@@ -1,0 +1,96 @@
+"""H200 script: time bench cases for source trees side by side, in alternating rounds.
+
+    python tools/device_ab.py BASE_ROOT NEW_ROOT [MORE_ROOTS ...] [--rounds 3] [--case ...]
+
+A kernel change is judged against the code before it on the same machine in the same call:
+each round runs the chosen `graphidx.bench` cases once per tree, each tree in its own process
+(so each imports its own `graphidx`), the order of the trees reversed every other round.
+Every case is checked against the reference as in the bench (a FAIL is printed). Prints one
+line per case and round, then each tree's medians and their ratio to the first tree's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+CASES = {
+    # name: Python expression over graphidx.bench names, giving one CaseResult or a list
+    "decode64": 'dense_decode_case("dense decode", 64, 2, [16384] * 64, 64, C, D)',
+    "decode64s": 'dense_decode_case("dense decode", 64, 2, [16384] * 64, 64, C, D,'
+    " use_schedule=True)",
+    "decode32": 'dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, C, D)',
+    "gather": "gather_case(32, 2, 64, 65536, 2048, 8, C, D)",
+    "topk512": "topk_cases(128, 65536, 512, C, D)[0]",
+    "topk2048": "topk_cases(128, 65536, 2048, C, D)[0]",
+}
+
+CHILD = """
+import json, sys, torch
+import graphidx.bench as bench
+scope = dict(vars(bench), C=bench.Ceilings(), D=torch.device("cuda"))
+for name in sys.argv[1:]:
+    result = eval(CASES[name], scope)
+    print("AB " + json.dumps([name, result.time_us, result.check]), flush=True)
+"""
+
+
+def run_tree(root: str, cases: list[str]) -> dict[str, tuple[float, str]]:
+    """Time `cases` with the graphidx of `root` in a fresh process."""
+    env = dict(os.environ, PYTHONPATH=root)
+    code = f"CASES = {CASES!r}\n{CHILD}"
+    done = subprocess.run(
+        [sys.executable, "-c", code, *cases], env=env, capture_output=True, text=True, cwd=root
+    )
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("AB "):
+            name, time_us, check = json.loads(line[3:])
+            found[name] = (time_us, check)
+    if done.returncode != 0:
+        print(done.stderr[-2000:], file=sys.stderr)
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("roots", nargs="+", help="source trees; the first is the base")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--case", action="append", choices=sorted(CASES))
+    args = parser.parse_args()
+    if len(args.roots) < 2:
+        parser.error("give at least two source trees")
+    cases = args.case or sorted(CASES)
+    trees = {os.path.basename(os.path.abspath(r)) or r: os.path.abspath(r) for r in args.roots}
+    names = list(trees)
+    times: dict[tuple[str, str], list[float]] = {}
+    failed = False
+    for round_index in range(args.rounds):
+        order = names if round_index % 2 == 0 else names[::-1]
+        for tree in order:
+            for name, (time_us, check) in run_tree(trees[tree], cases).items():
+                times.setdefault((tree, name), []).append(time_us)
+                failed |= check != "OK"
+                print(f"round {round_index} {tree:12} {name:10} {time_us:9.1f} us  {check}")
+    print("\nmedian us (ratio to " + names[0] + ")")
+    print(f"{'case':10} " + " ".join(f"{t:>20}" for t in names))
+    for name in cases:
+        base = times.get((names[0], name))
+        cells = []
+        for tree in names:
+            got = times.get((tree, name))
+            if not got or not base:
+                cells.append(f"{'-':>20}")
+                continue
+            median = statistics.median(got)
+            cells.append(f"{median:11.1f} ({median / statistics.median(base):5.3f})")
+        print(f"{name:10} " + " ".join(cells))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
