@@ -1,6 +1,7 @@
 """H200 script: how stable are the Triton top-k timings on one fixed input?
 
     python tools/device_topk_timing.py [--repeat 8] [--k 512] [--once]
+    python tools/device_topk_timing.py --sweep [--k 512]
 
 The top-k rows of `graphidx bench` move by up to 2x between runs on the same seeded input,
 and tools/device_spread.py saw one config flip between ~68 and ~140 us within one process,
@@ -9,6 +10,10 @@ within one buffer placement, at a steady SM clock (BENCHMARKS.md). This times ev
 them alike), with triton.testing.do_bench (L2 cleared before each launch), and checks that
 every run picks the same columns. Prints each config's times in round order, then its
 median and best.
+
+`--sweep` instead times the one-program path (P = 1) over groups x chunk x warps as CUDA-graph
+replays with a clean L2 (the bench's method), checking each config's picked values against
+torch.topk, and prints them fastest first.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import sys
 
 import torch
 
-from graphidx.bench import time_us
+from graphidx.bench import time_us, time_us_graph
+from graphidx.ops.kernels import next_power_of_2
 from graphidx.ops.kernels import topk as triton_topk
 
 ROWS, WIDTH = 128, 65536
@@ -41,6 +47,39 @@ def configs_for(k: int) -> dict[str, triton_topk.TopkConfig]:
     return configs
 
 
+SWEEP_GROUPS = (1024, 2048, 4096, 8192, 16384)
+SWEEP_CHUNKS = (4096, 8192, 16384)
+SWEEP_WARPS = (8, 16)
+
+
+def sweep(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> bool:
+    """Time every P = 1 config of the sweep grid at this k; True when all picks are right."""
+    want = torch.topk(logits, k, dim=1).values.sort(dim=1).values
+    out = torch.full((ROWS, k), -1, dtype=torch.int32, device=logits.device)
+    results = []
+    right = True
+    base = triton_topk.split_config(k, 1)
+    for groups in SWEEP_GROUPS:
+        for chunk in SWEEP_CHUNKS:
+            for warps in SWEEP_WARPS:
+                if groups < next_power_of_2(k):
+                    continue
+                config = dataclasses.replace(base, groups=groups, chunk=chunk, num_warps=warps)
+
+                def run(config: triton_topk.TopkConfig = config) -> None:
+                    triton_topk.topk_per_row(logits, lengths, k, out, config=config)
+
+                run()
+                got = logits.gather(1, out.clamp(min=0).long()).sort(dim=1).values
+                ok = torch.equal(got, want)
+                right &= ok
+                results.append((time_us_graph(run), groups, chunk, warps, ok))
+    for us, groups, chunk, warps, ok in sorted(results):
+        print(f"k {k:>4} groups {groups:>5} chunk {chunk:>5} warps {warps:>2}: {us:6.1f} us"
+              f"{'' if ok else '  WRONG PICKS'}", flush=True)  # fmt: skip
+    return right
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=8, help="rounds over all configs")
@@ -48,11 +87,14 @@ def main() -> int:
     parser.add_argument(
         "--once", action="store_true", help="one launch per config, no timing (for ncu)"
     )
+    parser.add_argument("--sweep", action="store_true", help="P = 1 config grid, graph replays")
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
     logits = torch.randn(ROWS, WIDTH, device=device)
     lengths = torch.full((ROWS,), WIDTH, dtype=torch.int32, device=device)
+    if args.sweep:
+        return 0 if all([sweep(logits, lengths, k) for k in args.k or (512, 2048)]) else 1
     same = True
     for k in args.k or (512, 2048):
         configs = configs_for(k)

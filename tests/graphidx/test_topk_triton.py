@@ -213,8 +213,8 @@ def test_default_config_path_and_sizes(gen: torch.Generator) -> None:
 
 def test_default_config_choice() -> None:
     h200 = default_config(512, 128, 65536)
-    assert (h200.programs_per_row, h200.groups, h200.capacity) == (1, 2048, 1024)
-    assert (h200.num_warps, h200.chunk) == (16, 8192)  # a wide row at P = 1
+    assert (h200.programs_per_row, h200.groups, h200.capacity) == (1, 4096, 1024)
+    assert (h200.num_warps, h200.chunk) == (16, 4096)  # a wide row at P = 1
     assert default_config(512, 128, 32768).num_warps == 4
     assert default_config(512, 8, 65536).programs_per_row == 16  # few rows: split
     assert default_config(2048, 128, 65536).programs_per_row == 1  # k above SPLIT_MAX_K

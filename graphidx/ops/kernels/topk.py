@@ -107,13 +107,16 @@ SPLIT_MAX_K = 1024
 76 us, P = 2 125 us, P = 4 163 us: the last arriver's floor search over 8192 group maxima
 and the extra launch cost more than the split saves)."""
 WIDE_ROW_COLUMNS = 65536
-"""Row width from which one program per row gets WIDE_ROW_WARPS warps and WIDE_ROW_CHUNK
-columns per step: more loads in flight for the streaming pass. At 128 x 65536 (CUDA-graph
-replays, clean L2, tools/device_topk_phases.py) 16 warps / 8192 columns measured 39.6 us at
-k 512 and 55.6 at k 2048, against 42.6 / 59.4 with 8 warps / 4096 and 42.2 / 68.9 with 8 /
-8192; narrower rows unmeasured, so they keep split_config's sizes."""
+"""Row width from which one program per row gets WIDE_ROW_WARPS warps, WIDE_ROW_CHUNK
+columns per step and at least WIDE_ROW_GROUPS groups. Measured at 128 x 65536 (CUDA-graph
+replays, clean L2, `tools/device_topk_timing.py --sweep`, 2026-11-29): 16 warps, 4096-column
+steps and 4096 groups (16-column groups at k 512) 36.3 us at k 512 and, with k 2048's own
+8192 groups, 54.7 us, against 39.6 / 55.3 at 2048 / 8192 groups with 8192-column steps (the
+session-4 default); 8 warps, 1024 or 16384 groups and 16384-column steps were slower.
+Narrower rows are unmeasured, so they keep split_config's sizes."""
 WIDE_ROW_WARPS = 16
-WIDE_ROW_CHUNK = 8192
+WIDE_ROW_CHUNK = 4096
+WIDE_ROW_GROUPS = 4096
 MAX_STEP_COLUMNS = 32768
 """Columns one step of the one-program path may hold: its counts are packed in 16 bits."""
 MIN_SLICE_COLUMNS = 4096
@@ -149,8 +152,8 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
 
     P doubles from 1 while k <= SPLIT_MAX_K, rows * P < TARGET_PROGRAMS, width >= 2P *
     MIN_SLICE_COLUMNS and P < MAX_PROGRAMS_PER_ROW; the sizes are then `split_config(k, P)`,
-    with WIDE_ROW_WARPS warps and WIDE_ROW_CHUNK columns per step at P = 1 from
-    WIDE_ROW_COLUMNS on.
+    with WIDE_ROW_WARPS warps, WIDE_ROW_CHUNK columns per step and at least WIDE_ROW_GROUPS
+    groups at P = 1 from WIDE_ROW_COLUMNS on.
     """
     split = 1
     while (
@@ -162,7 +165,12 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
         split *= 2
     config = split_config(k, split)
     if split == 1 and width >= WIDE_ROW_COLUMNS:
-        config = dataclasses.replace(config, num_warps=WIDE_ROW_WARPS, chunk=WIDE_ROW_CHUNK)
+        config = dataclasses.replace(
+            config,
+            groups=max(config.groups, WIDE_ROW_GROUPS),
+            num_warps=WIDE_ROW_WARPS,
+            chunk=WIDE_ROW_CHUNK,
+        )
     return config
 
 
