@@ -44,10 +44,11 @@ answer). (NaN input is undefined by the contract; here a NaN ranks by its bits: 
 thresholds counted in one packed int64 sum) and stops early once exactly k keys are at or
 above the threshold.
 
-Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session 4):
-P = 1 at 16 warps takes 39.9 us at k 512 and 55.2 at k 2048, 5.0 and 6.9 times one read of
-the logits (7.8 us at 4.3 TB/s): the streaming pass alone takes ~17 us at one program per
-multiprocessor, the collect ~12, the select 9-17 (tools/device_topk_phases.py).
+Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session 5):
+P = 1 at 16 warps takes 36.3-37.5 us at k 512 and 55.2-55.3 at k 2048, 4.7 and 7.1 times
+one read of the logits (7.8 us at 4.3 TB/s). Per phase (tools/device_topk_phases.py, k 512 /
+k 2048): streaming maxima 16.0 / 16.1 us, floor and list 7.0 / 11.9, collect 7.6 / 10.9,
+select 5.7 / 16.4.
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
