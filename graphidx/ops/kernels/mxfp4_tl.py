@@ -231,6 +231,21 @@ def as_bytes(word_ptr):
 
 
 @triton.jit
+def _key_runs(page_ptr, entry, D: tl.constexpr, E: tl.constexpr, NPT: tl.constexpr,
+              LANES: tl.constexpr, SUB: tl.constexpr, RUN: tl.constexpr):  # fmt: skip
+    """Where keys `entry` of their pages keep their codes and scales (`_entry_offsets`):
+    (pointer to each key's first code word `[M, 1, 1, 1]`, word offset of each thread
+    group's run `[1, SUB, 1, 4]`, pointer to each run's scale byte `[M, SUB, 1, 4]`)."""
+    first, chunk = _run_starts(SUB, RUN)
+    entry_words, entry_scale, run_words, chunk_scale = _entry_offsets(
+        entry, first, chunk, D, E, NPT, LANES
+    )
+    code_base = (page_ptr + entry_words)[:, None, None, None]
+    scale_ptrs = (as_bytes(page_ptr) + entry_scale)[:, None, None, None] + chunk_scale
+    return code_base, run_words, scale_ptrs
+
+
+@triton.jit
 def key_tile_words(
     page_ptr,
     entry,
@@ -251,17 +266,13 @@ def key_tile_words(
     page; live: bool `[M]`, the keys to read when MASKED (others read as codes 0, scale 127
     and touch no memory); with MASKED false every key is read.
     """
-    first, chunk = _run_starts(SUB, RUN)
+    code_base, run_words, scale_ptrs = _key_runs(page_ptr, entry, D, E, NPT, LANES, SUB, RUN)
     word = tl.arange(0, RUN // 4)[None, None, :, None]
-    entry_words, entry_scale, run_words, chunk_scale = _entry_offsets(
-        entry, first, chunk, D, E, NPT, LANES
-    )
     # A lane's run is RUN // 4 contiguous words from a multiple of RUN // 4 (beyond what
     # Triton's analysis can tell): the hints let each run load as one vector.
     W: tl.constexpr = RUN // 4
     words = tl.max_contiguous(tl.multiple_of(run_words + word, [1, 1, W, 1]), [1, 1, W, 1])
-    value_ptrs = (page_ptr + entry_words)[:, None, None, None] + words
-    scale_ptrs = (as_bytes(page_ptr) + entry_scale)[:, None, None, None] + chunk_scale
+    value_ptrs = code_base + words
     if MASKED:
         values = tl.load(value_ptrs, mask=live[:, None, None, None], other=0)
         scales = tl.load(scale_ptrs, mask=live[:, None, None, None], other=127)
@@ -290,13 +301,10 @@ def prefetch_key_tile(
     A 128-byte line holds one 16-byte chunk of LINE_ENTRIES consecutive slots, so a caller
     covering a run of slots passes one slot per aligned LINE_ENTRIES of them. Only a hint: a
     no-op without PTX (`graphidx.ops.kernels.ptx.prefetch_l1`), never changes a result."""
-    first, chunk = _run_starts(SUB, RUN)
-    entry_words, entry_scale, run_words, chunk_scale = _entry_offsets(
-        entry, first, chunk, D, E, NPT, LANES
-    )
+    code_base, run_words, scale_ptrs = _key_runs(page_ptr, entry, D, E, NPT, LANES, SUB, RUN)
     live = live[:, None, None, None]
-    prefetch_l1((page_ptr + entry_words)[:, None, None, None] + run_words, live, PTX)
-    prefetch_l1((as_bytes(page_ptr) + entry_scale)[:, None, None, None] + chunk_scale, live, PTX)
+    prefetch_l1(code_base + run_words, live, PTX)
+    prefetch_l1(scale_ptrs, live, PTX)
 
 
 @triton.jit
