@@ -22,7 +22,8 @@ import pytest
 import torch
 
 ops = pytest.importorskip("graphidx.ops")
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 if not ops.backend.triton_interpreted():
     pytest.skip("interpreter tests: TRITON_INTERPRET is not set", allow_module_level=True)
 from graphidx.ops.kernels import topk as topk_kernels  # noqa: E402
@@ -297,3 +298,28 @@ def test_oversized_step_refused_before_any_launch() -> None:
     with pytest.raises(ValueError, match=r"config\.chunk 65536"):
         topk_per_row(logits, lengths, 8, out, config=config)
     assert bool((out == SENTINEL).all())
+
+
+@triton.jit
+def _floor_kernel(maxima_ptr, out_ptr, k, NG: tl.constexpr):
+    """The library's floor over NG group-maximum keys (uint32 stored as int32)."""
+    group_max = tl.load(maxima_ptr + tl.arange(0, NG)).to(tl.uint32, bitcast=True)
+    tl.store(out_ptr, topk_kernels._row_floor(group_max, k).to(tl.int32, bitcast=True))
+
+
+def test_floor_stays_tight_when_the_maxima_span_the_sign_bit(gen: torch.Generator) -> None:
+    # 4095 maxima within 1/16 of 1.0 (same exponent, same top mantissa bits) and one
+    # negative: the first differing bit is the sign, so FLOOR_BITS bits alone would end on a
+    # floor under all of them (every group listed). The search must go on until at most
+    # FLOOR_LIMIT * k maxima reach the floor, and the floor must stay a lower bound.
+    k, groups = 64, 4096
+    values = 1.0 + torch.rand(groups, generator=gen) / 16
+    values[7] = -1.0
+    keys = order_keys(values)
+    maxima = (keys - (1 << 32) * (keys >= 1 << 31)).to(torch.int32)  # the uint32 bits
+    out = torch.zeros(1, dtype=torch.int32)
+    _floor_kernel[(1,)](maxima, out, k, NG=groups)
+    floor = int(out[0]) & 0xFFFFFFFF
+    reaching = int((keys >= floor).sum())
+    assert k <= reaching <= topk_kernels.FLOOR_LIMIT.value * k
+    assert floor <= int(torch.sort(keys, descending=True).values[k - 1])

@@ -8,7 +8,8 @@ Both paths rest on one bound: any k distinct columns' keys bound the row's k-th 
 from below, so the k-th largest of the rows' group maxima (groups of disjoint columns) is a
 *floor*: every top-k column has key >= floor. With about 4k groups, ~1.2-1.6k columns lie
 above it on continuous data. The floor is found by a search over the maxima that starts
-below their common prefix and stops after FLOOR_BITS bits (a lower bound is all it needs).
+below their common prefix and stops after FLOOR_BITS bits (a lower bound is all it needs)
+once at most FLOOR_LIMIT * k maxima reach it.
 
 One program per row (P = 1, `_topk_row_kernel`, one launch), rows cut into G-column
 *contiguous* groups (G = `group_columns(width, groups)`):
@@ -73,7 +74,15 @@ KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 """_order_key(-inf): every key <= this is never picked (a constexpr global for the kernels)."""
 
 FLOOR_BITS = tl.constexpr(12)
-"""Bits the floor search resolves below the keys' common prefix: a lower bound is enough."""
+"""Bits the floor search resolves below the keys' common prefix: a lower bound is enough.
+At 128 x 65536 (BENCHMARKS.md session 5) 12 bits measured 36.0 / 54.5 us (k 512 / 2048), 16
+bits 36.4 / 56.0, and 8 or 10 bits 665-683 us: the looser floor let more columns than CAP
+through and the whole-row select ran. FLOOR_LIMIT guards that cliff."""
+FLOOR_LIMIT = tl.constexpr(2)
+"""The floor search goes on past FLOOR_BITS while more than FLOOR_LIMIT * k group maxima reach
+the floor (rows whose maxima span a wide range, e.g. a negative one among positive ones, put
+the first differing bit high). At 128 x 65536 every row was below it after 12 bits (listed
+groups at most 779 of 1024 at k 512, 2406 of 4096 at k 2048), so those rows run as before."""
 
 _COUNT_BITS = 21
 COUNT_BITS = tl.constexpr(_COUNT_BITS)
@@ -241,12 +250,14 @@ def _take_digit(threshold, count, c1, c2, c3, k, shift):
 
 
 @triton.jit
-def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
+def _kth_largest_key(keys, k, limit, MAX_BITS: tl.constexpr):
     """A threshold t with count(keys >= t) >= k and count(keys > t) <= k, keys uint32
     (0 = never picked), assuming at least k nonzero keys.
 
     Exact (t = the k-th largest key, or any t with exactly k keys >= t) when MAX_BITS >= 32;
-    with fewer bits, a lower bound of the k-th largest key with count(keys >= t) >= k only.
+    with fewer bits, a lower bound of the k-th largest key with count(keys >= t) >= k only,
+    refined past MAX_BITS while more than `limit` keys are at or above it (so a wide range of
+    keys, e.g. one negative among positive ones, cannot leave it loose).
     Only the bits below the highest bit where the smallest and largest nonzero keys differ
     vary, so the search starts there (rounded to an even bit count), 2 bits per CTA-wide
     count, and stops early once exactly k keys are at or above the threshold.
@@ -264,7 +275,9 @@ def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
     count = tl.zeros([], tl.int32)  # 0: no trial passed yet (k >= 1, so never "exactly k")
     shift = span - 2
     last = tl.maximum(span - MAX_BITS, 0)
-    while (shift >= last) & (count != k):
+    # Until no trial passed, every nonzero key is at or above the threshold: more than limit
+    # as far as the loop can tell.
+    while (shift >= 0) & (count != k) & ((shift >= last) | (count == 0) | (count > limit)):
         c1, c2, c3 = _count_at_least(keys, threshold, shift)
         threshold, count = _take_digit(threshold, count, c1, c2, c3, k, shift)
         shift -= 2
@@ -274,11 +287,13 @@ def _kth_largest_key(keys, k, MAX_BITS: tl.constexpr):
 @triton.jit
 def _row_floor(group_max, k):
     """A lower bound of the row's k-th largest key from its group maxima (KEY_NEG_INF when
-    fewer than k groups hold a finite value: then every finite column is a candidate)."""
+    fewer than k groups hold a finite value: then every finite column is a candidate): the
+    search resolves FLOOR_BITS bits, then more while over FLOOR_LIMIT * k maxima reach it."""
     valid_groups = tl.sum((group_max > 0).to(tl.int32), axis=0)
     floor = KEY_NEG_INF + tl.zeros([], tl.uint32)
     if valid_groups >= k:
-        floor = tl.maximum(_kth_largest_key(group_max, k, FLOOR_BITS), KEY_NEG_INF)
+        floor = _kth_largest_key(group_max, k, FLOOR_LIMIT * k, FLOOR_BITS)
+        floor = tl.maximum(floor, KEY_NEG_INF)
     return floor
 
 
@@ -478,7 +493,7 @@ def _select(
         inside = slot < above_total
         col = tl.load(candidates + slot, mask=inside, other=0, cache_modifier=".cg")
         key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
-        threshold = _kth_largest_key(key, k, 32)
+        threshold = _kth_largest_key(key, k, k, 32)
         if (tl.sum((key >= threshold).to(tl.int32), axis=0) > k) & (ORDERED == 0):
             _select_from_row(src, n, k, dst, FALLBACK_STEP)
         else:
