@@ -732,19 +732,19 @@ def test_dense_logits_with_schedule(gen: torch.Generator, kind: str, next_n: int
 
 
 @pytest.mark.parametrize(
-    ("kind", "sizes", "clean", "prefetch"),
-    [("qsl", [2, 0, 3], True, True), ("next_n", [2, 2], False, True),
-     ("next_n", [2, 2], True, False)],
+    ("kind", "sizes", "clean", "prefetch", "size"),
+    [("qsl", [2, 0, 3], True, True, 4), ("next_n", [2, 2], False, True, 4),
+     ("next_n", [2, 2], True, False, 4), ("next_n", [2, 1], False, True, 8)],
 )  # fmt: skip
 def test_gather_logits_match_reference(
-    gen: torch.Generator, kind: str, sizes: list[int], clean: bool, prefetch: bool
+    gen: torch.Generator, kind: str, sizes: list[int], clean: bool, prefetch: bool, size: int
 ) -> None:
-    """Gather logits against the reference over 4-6 tiles per row (the three-tile prefetch
-    and the plain loop), with padding slots, positions past the context and a live count
-    wider than the pool."""
+    """Gather logits against the reference over 4-10 tiles per row (the prefetching loop,
+    with one prefetch per column or, at C = 8, per 8-column run, and the plain loop), with
+    padding slots, positions past the context and a live count wider than the pool."""
     from graphidx.ops.kernels.gather import default_config
 
-    size, pool_blocks, heads, head_dim = 4, 20, 8, 128
+    pool_blocks, heads, head_dim = 20, 8, 128
     rows, num_seqs, extra = grouping(kind, sizes)
     contexts = [int(c) for c in torch.randint(20, 70, (num_seqs,), generator=gen)]
     cache = make_cache(gen, contexts, num_heads=heads, head_dim=head_dim, page_entries=16)
