@@ -2,6 +2,7 @@
 
     python tools/device_topk_timing.py [--repeat 8] [--k 512] [--once]
     python tools/device_topk_timing.py --sweep [--k 512]
+    python tools/device_topk_timing.py --span [--k 512]
 
 The top-k rows of `graphidx bench` move by up to 2x between runs on the same seeded input,
 and tools/device_spread.py saw one config flip between ~68 and ~140 us within one process,
@@ -14,6 +15,10 @@ median and best.
 `--sweep` instead times the one-program path (P = 1) over groups x chunk x warps as CUDA-graph
 replays with a clean L2 (the bench's method), checking each config's picked values against
 torch.topk, and prints them fastest first.
+
+`--span` times the default config the same way on the normal rows and on rows whose group
+maxima span the sign bit (one group of every row all negative): the floor search must stay
+tight there (FLOOR_LIMIT), not fall back to the whole-row select.
 """
 
 from __future__ import annotations
@@ -80,6 +85,29 @@ def sweep(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> bool:
     return right
 
 
+def span(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> bool:
+    """Default config on the normal rows and on rows with one all-negative group each."""
+    spanned = logits.clone()
+    config = triton_topk.default_config(k, ROWS, WIDTH)
+    group = triton_topk.group_columns(WIDTH, config.groups)
+    spanned[:, 5 * group : 6 * group] = -spanned[:, 5 * group : 6 * group].abs() - 1.0
+    out = torch.full((ROWS, k), -1, dtype=torch.int32, device=logits.device)
+    right = True
+    for label, data in (("normal", logits), ("one negative group", spanned)):
+
+        def run(data: torch.Tensor = data) -> None:
+            triton_topk.topk_per_row(data, lengths, k, out)
+
+        out.fill_(-1)
+        run()
+        want = torch.topk(data, k, dim=1).values.sort(dim=1).values
+        ok = torch.equal(data.gather(1, out.clamp(min=0).long()).sort(dim=1).values, want)
+        right &= ok
+        print(f"k {k:>4} default, {label:>18}: {time_us_graph(run):6.1f} us"
+              f"{'' if ok else '  WRONG PICKS'}", flush=True)  # fmt: skip
+    return right
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=8, help="rounds over all configs")
@@ -88,11 +116,14 @@ def main() -> int:
         "--once", action="store_true", help="one launch per config, no timing (for ncu)"
     )
     parser.add_argument("--sweep", action="store_true", help="P = 1 config grid, graph replays")
+    parser.add_argument("--span", action="store_true", help="maxima across the sign bit")
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
     logits = torch.randn(ROWS, WIDTH, device=device)
     lengths = torch.full((ROWS,), WIDTH, dtype=torch.int32, device=device)
+    if args.span:
+        return 0 if all([span(logits, lengths, k) for k in args.k or (512, 2048)]) else 1
     if args.sweep:
         return 0 if all([sweep(logits, lengths, k) for k in args.k or (512, 2048)]) else 1
     same = True

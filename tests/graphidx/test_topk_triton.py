@@ -304,7 +304,9 @@ def test_oversized_step_refused_before_any_launch() -> None:
 def _floor_kernel(maxima_ptr, out_ptr, k, NG: tl.constexpr):
     """The library's floor over NG group-maximum keys (uint32 stored as int32)."""
     group_max = tl.load(maxima_ptr + tl.arange(0, NG)).to(tl.uint32, bitcast=True)
-    tl.store(out_ptr, topk_kernels._row_floor(group_max, k).to(tl.int32, bitcast=True))
+    floor, reaching = topk_kernels._row_floor(group_max, k)
+    tl.store(out_ptr, floor.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + 1, reaching)
 
 
 def test_floor_stays_tight_when_the_maxima_span_the_sign_bit(gen: torch.Generator) -> None:
@@ -317,9 +319,45 @@ def test_floor_stays_tight_when_the_maxima_span_the_sign_bit(gen: torch.Generato
     values[7] = -1.0
     keys = order_keys(values)
     maxima = (keys - (1 << 32) * (keys >= 1 << 31)).to(torch.int32)  # the uint32 bits
-    out = torch.zeros(1, dtype=torch.int32)
+    out = torch.zeros(2, dtype=torch.int32)
     _floor_kernel[(1,)](maxima, out, k, NG=groups)
     floor = int(out[0]) & 0xFFFFFFFF
     reaching = int((keys >= floor).sum())
+    assert int(out[1]) == reaching  # the count the list phase takes as its length
     assert k <= reaching <= topk_kernels.FLOOR_LIMIT.value * k
     assert floor <= int(torch.sort(keys, descending=True).values[k - 1])
+
+
+@triton.jit
+def _kth_kernel(keys_ptr, out_ptr, k, N: tl.constexpr):
+    """The library's exact search over N keys (uint32 stored as int32): (t, count)."""
+    keys = tl.load(keys_ptr + tl.arange(0, N)).to(tl.uint32, bitcast=True)
+    largest, smallest, live = topk_kernels._key_range(keys)
+    threshold, reaching = topk_kernels._kth_largest_key(keys, k, k, largest, smallest, live, 32)
+    tl.store(out_ptr, threshold.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + 1, reaching)
+
+
+@pytest.mark.parametrize("case", ["random", "few bits", "exactly k live", "one value"])
+def test_exact_search_threshold_and_count(gen: torch.Generator, case: str) -> None:
+    """t is the k-th largest nonzero key (or a t with exactly k keys >= it), t > 0, and the
+    returned count is count(keys >= t); zero keys (never picked) are not counted."""
+    n, k = 256, 37
+    keys = torch.randint(1, 1 << 32, (n,), generator=gen, dtype=torch.int64)
+    keys[::9] = 0
+    if case == "few bits":
+        keys = (keys & 0xF0000007) | 0x80000000 * (keys > 0)  # runs of equal digits, ties
+    elif case == "exactly k live":
+        keys[keys.nonzero()[k:]] = 0
+    elif case == "one value":
+        keys[:] = 0x3F800000
+    live = keys[keys > 0]
+    assert live.numel() >= k
+    out = torch.zeros(2, dtype=torch.int32)
+    _kth_kernel[(1,)]((keys - (1 << 32) * (keys >= 1 << 31)).to(torch.int32), out, k, N=n)
+    threshold = int(out[0]) & 0xFFFFFFFF
+    assert threshold > 0
+    assert int(out[1]) == int((live >= threshold).sum())
+    assert int((live >= threshold).sum()) >= k
+    assert int((live > threshold).sum()) <= k - 1 or int((live >= threshold).sum()) == k
+    assert threshold <= int(torch.sort(live, descending=True).values[k - 1])

@@ -46,7 +46,7 @@ thresholds counted in one packed int64 sum) and stops early once exactly k keys 
 above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session 5):
-P = 1 at 16 warps takes 36.3-37.5 us at k 512 and 55.2-55.3 at k 2048, 4.7 and 7.1 times
+P = 1 at 16 warps takes 35.5 us at k 512 and 53.1 at k 2048 (session 6), 4.6 and 6.8 times
 one read of the logits (7.8 us at 4.3 TB/s). Per phase (tools/device_topk_phases.py, k 512 /
 k 2048): streaming maxima 16.0 / 16.1 us, floor and list 7.0 / 11.9, collect 7.6 / 10.9,
 select 5.7 / 16.4.
@@ -250,9 +250,23 @@ def _take_digit(threshold, count, c1, c2, c3, k, shift):
 
 
 @triton.jit
-def _kth_largest_key(keys, k, limit, MAX_BITS: tl.constexpr):
-    """A threshold t with count(keys >= t) >= k and count(keys > t) <= k, keys uint32
-    (0 = never picked), assuming at least k nonzero keys.
+def _max_min_count(a_max, a_min, a_count, b_max, b_min, b_count):
+    return tl.maximum(a_max, b_max), tl.minimum(a_min, b_min), a_count + b_count
+
+
+@triton.jit
+def _key_range(keys):
+    """(largest, smallest nonzero, count of nonzero) of uint32 keys in one CTA-wide pass
+    (smallest 0xFFFFFFFF when none is nonzero)."""
+    live = keys > 0
+    return tl.reduce((keys, tl.where(live, keys, 0xFFFFFFFF), live.to(tl.int32)), 0, _max_min_count)
+
+
+@triton.jit
+def _kth_largest_key(keys, k, limit, largest, smallest, live, MAX_BITS: tl.constexpr):
+    """(t, count(keys >= t)): a threshold t > 0 with count(keys >= t) >= k and count(keys >
+    t) <= k, keys uint32 (0 = never picked) whose `_key_range` is (largest, smallest, live),
+    assuming live >= k.
 
     Exact (t = the k-th largest key, or any t with exactly k keys >= t) when MAX_BITS >= 32;
     with fewer bits, a lower bound of the k-th largest key with count(keys >= t) >= k only,
@@ -262,8 +276,6 @@ def _kth_largest_key(keys, k, limit, MAX_BITS: tl.constexpr):
     vary, so the search starts there (rounded to an even bit count), 2 bits per CTA-wide
     count, and stops early once exactly k keys are at or above the threshold.
     """
-    largest = tl.max(keys, axis=0)
-    smallest = tl.min(tl.where(keys > 0, keys, 0xFFFFFFFF), axis=0)
     differ = largest ^ smallest
     # floor(log2(differ)), or one more when the float conversion rounds up: either way a
     # bit at or above the highest differing one.
@@ -272,29 +284,34 @@ def _kth_largest_key(keys, k, limit, MAX_BITS: tl.constexpr):
     span = (top + 2) // 2 * 2
     below = (tl.full([], 2, tl.uint32) << (span - 1)) - 1
     threshold = largest & ~below
-    count = tl.zeros([], tl.int32)  # 0: no trial passed yet (k >= 1, so never "exactly k")
+    count = live  # every nonzero key shares the prefix, so reaches the threshold
     shift = span - 2
     last = tl.maximum(span - MAX_BITS, 0)
-    # Until no trial passed, every nonzero key is at or above the threshold: more than limit
-    # as far as the loop can tell.
-    while (shift >= 0) & (count != k) & ((shift >= last) | (count == 0) | (count > limit)):
+    while (shift >= 0) & (count != k) & ((shift >= last) | (count > limit)):
         c1, c2, c3 = _count_at_least(keys, threshold, shift)
         threshold, count = _take_digit(threshold, count, c1, c2, c3, k, shift)
         shift -= 2
-    return threshold
+    # t = 0 only when exactly k keys are live and their prefix is 0: 1 is as good (no key
+    # is 1: keys at or below KEY_NEG_INF are 0).
+    return tl.maximum(threshold, 1), count
 
 
 @triton.jit
 def _row_floor(group_max, k):
-    """A lower bound of the row's k-th largest key from its group maxima (KEY_NEG_INF when
-    fewer than k groups hold a finite value: then every finite column is a candidate): the
-    search resolves FLOOR_BITS bits, then more while over FLOOR_LIMIT * k maxima reach it."""
-    valid_groups = tl.sum((group_max > 0).to(tl.int32), axis=0)
+    """(floor, count(group_max >= floor)): a lower bound of the row's k-th largest key from
+    its group maxima (KEY_NEG_INF when fewer than k groups hold a finite value: then every
+    finite column is a candidate): the search resolves FLOOR_BITS bits, then more while over
+    FLOOR_LIMIT * k maxima reach it."""
+    largest, smallest, live = _key_range(group_max)
     floor = KEY_NEG_INF + tl.zeros([], tl.uint32)
-    if valid_groups >= k:
-        floor = _kth_largest_key(group_max, k, FLOOR_LIMIT * k, FLOOR_BITS)
+    reaching = live
+    if live >= k:
+        floor, reaching = _kth_largest_key(
+            group_max, k, FLOOR_LIMIT * k, largest, smallest, live, FLOOR_BITS
+        )
+        # Finite keys are above KEY_NEG_INF, so raising the floor to it drops no live key.
         floor = tl.maximum(floor, KEY_NEG_INF)
-    return floor
+    return floor, reaching
 
 
 @triton.jit
@@ -493,8 +510,9 @@ def _select(
         inside = slot < above_total
         col = tl.load(candidates + slot, mask=inside, other=0, cache_modifier=".cg")
         key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
-        threshold = _kth_largest_key(key, k, k, 32)
-        if (tl.sum((key >= threshold).to(tl.int32), axis=0) > k) & (ORDERED == 0):
+        largest, smallest, live = _key_range(key)
+        threshold, reaching = _kth_largest_key(key, k, k, largest, smallest, live, 32)
+        if (reaching > k) & (ORDERED == 0):
             _select_from_row(src, n, k, dst, FALLBACK_STEP)
         else:
             _emit_selection(key, col, threshold, k, dst)
@@ -533,10 +551,10 @@ def _list_groups(maxima, n, k, group_list, G: tl.constexpr, NG_PAD: tl.constexpr
     live = group < (n + G - 1) // G
     group_max = tl.load(maxima + group, mask=live, other=0, cache_modifier=".cg")
     group_max = group_max.to(tl.uint32, bitcast=True)
-    floor = _row_floor(group_max, k)
+    floor, listed_count = _row_floor(group_max, k)
     listed = (group_max >= floor).to(tl.int32)
     tl.store(group_list + tl.cumsum(listed, axis=0) - 1, group, mask=listed != 0)
-    return floor, tl.sum(listed, axis=0)
+    return floor, listed_count
 
 
 @triton.jit
@@ -659,7 +677,7 @@ def _split_floor_kernel(
     tl.debug_barrier()
     if tl.atomic_add(counters + FLOOR_ARRIVALS, 1, sem="acq_rel") == SPLIT - 1:
         every = tl.load(maxima + tl.arange(0, GROUPS), cache_modifier=".cg")
-        floor = _row_floor(every.to(tl.uint32, bitcast=True), k)
+        floor, _ = _row_floor(every.to(tl.uint32, bitcast=True), k)
         tl.store(counters + FLOOR_KEY, floor.to(tl.int32, bitcast=True))
 
 
