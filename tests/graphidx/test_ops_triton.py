@@ -62,21 +62,43 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from graphidx.ops.kernels.mxfp4_tl import (  # noqa: E402
-    bf16x2_pair_bits,
+    bf16_pair_codes,
+    bf16x2_scale_factors,
     dequantize_keys_bf16x2,
     dequantize_tile,
+    nibble_pairs,
 )
 from graphidx.ops.kernels.topk import TopkConfig  # noqa: E402
 from graphidx.ops.kernels.topk import topk_per_row as triton_topk_per_row  # noqa: E402
 
 
 @triton.jit
-def _pair_bits_kernel(pairs_ptr, scales_ptr, out_ptr, N: tl.constexpr):
+def _pair_bits_kernel(words_ptr, scales_ptr, out_ptr, N: tl.constexpr):
+    """Pair 0 of `bf16_pair_codes` for N words [N // 4, 1, 1, 4] and the scale factors of N
+    scale bytes."""
+    m = tl.arange(0, N // 4)[:, None, None, None]
+    t = tl.arange(0, 4)[None, None, None, :]
+    codes = bf16_pair_codes(tl.load(words_ptr + m * 4 + t))  # [N // 4, 1, 1, pair, t]
+    pair0 = tl.sum(tl.where(tl.arange(0, 4)[None, None, None, :, None] == 0, codes, 0), axis=3)
+    tl.store(out_ptr + m * 4 + t, pair0)
     i = tl.arange(0, N)
-    pair, low, high = bf16x2_pair_bits(tl.load(pairs_ptr + i), tl.load(scales_ptr + i))
-    tl.store(out_ptr + i, pair)
+    low, high = bf16x2_scale_factors(tl.load(scales_ptr + i))
     tl.store(out_ptr + N + i, low)
     tl.store(out_ptr + 2 * N + i, high)
+
+
+@triton.jit
+def _pair_codes_kernel(words_ptr, fast_ptr, plain_ptr, N: tl.constexpr):
+    """`bf16_pair_codes` and the plain form `(nibble_pairs * multiplier) & mask` of N words."""
+    m = tl.arange(0, N // 16)[:, None, None, None]
+    w = tl.arange(0, 4)[None, None, :, None]
+    t = tl.arange(0, 4)[None, None, None, :]
+    words = tl.load(words_ptr + m * 16 + w * 4 + t)  # [N // 16, 1, 4, 4]
+    pair = tl.arange(0, 4)[None, None, None, :, None]
+    lane = tl.arange(0, 4)[None, None, None, None, :]
+    out = m[:, :, :, :, None] * 64 + w[:, :, :, :, None] * 16 + pair * 4 + lane
+    tl.store(fast_ptr + out, bf16_pair_codes(words))
+    tl.store(plain_ptr + out, (nibble_pairs(words) * 0x1040) & -0x7E3F7E40)
 
 
 @triton.jit
@@ -616,10 +638,11 @@ def test_bf16x2_key_decode_is_exact() -> None:
     from graphidx.mxfp4.format import E2M1_VALUES
 
     lo_hi = torch.arange(256, dtype=torch.int32).repeat_interleave(256)
-    pairs = (lo_hi & 0xF) | ((lo_hi >> 4) << 16)  # nibble pairs as `nibble_pairs` makes them
+    # Every nibble of a word's low half is lo, of its high half hi: pair 0 is (lo, hi).
+    words = (lo_hi & 0xF) * 0x1111 | ((lo_hi >> 4) * 0x1111) << 16
     scale = torch.arange(256, dtype=torch.int32).repeat(256)
     out = torch.empty(3 * 65536, dtype=torch.int32, device=TRITON_DEVICE)
-    _pair_bits_kernel[(1,)](pairs.to(TRITON_DEVICE), scale.to(TRITON_DEVICE), out, N=65536)
+    _pair_bits_kernel[(1,)](words.to(TRITON_DEVICE), scale.to(TRITON_DEVICE), out, N=65536)
     pair, low_factors, high_factors = out.cpu().view(3, 65536).long()
 
     def as_bf16(bits: torch.Tensor) -> torch.Tensor:
@@ -634,6 +657,19 @@ def test_bf16x2_key_decode_is_exact() -> None:
         want = torch.where(scale == 255, float("nan"), want)
         assert torch.equal(got.isnan(), want.isnan())
         assert torch.equal(got[~want.isnan()], want[~want.isnan()])
+
+
+def test_bf16_pair_codes_equal_the_plain_form() -> None:
+    """The one-shift extraction gives the bits of `(nibble_pairs * multiplier) & mask` for
+    every pair of random words (and of words with every nibble set)."""
+    gen = torch.Generator().manual_seed(11)
+    words = torch.randint(-(2**31), 2**31, (4096,), generator=gen, dtype=torch.int64)
+    words[:16] = -1
+    fast = torch.empty(4 * 4096, dtype=torch.int32, device=TRITON_DEVICE)
+    plain = torch.full_like(fast, 7)
+    fast.fill_(5)
+    _pair_codes_kernel[(1,)](words.to(torch.int32).to(TRITON_DEVICE), fast, plain, N=4096)
+    assert torch.equal(fast, plain)
 
 
 def test_tile_decode_follows_kernel_order() -> None:

@@ -50,6 +50,8 @@ FP16_CODE_FACTOR = tl.constexpr(float(2**14))
 
 PAIR_NIBBLES = tl.constexpr(0x000F000F)
 """Keeps nibble 0 of both 16-bit halves of a word (pair i's nibbles, shifted down by 4 i)."""
+ODD_PAIR_NIBBLES = tl.constexpr(0x00F000F0)
+"""Keeps nibble 1 of both halves, in place (`bf16_pair_codes`)."""
 FP16_PAIR_FIELDS = tl.constexpr((0x00070007, 0x00080008))
 """(magnitude, sign) bits of a nibble pair, moved up by 9 and 12 to make an fp16 pair."""
 BF16_PAIR_CODES = tl.constexpr((0x1040, -0x7E3F7E40))
@@ -151,21 +153,41 @@ def dequantize_tile(words, scale_bytes):
 
 
 @triton.jit
-def bf16x2_pair_bits(pairs, scale_bytes):
-    """The integer half of `dequantize_keys_bf16x2` (the part the interpreter can run):
-    int32 (pair, low factors, high factors), element-wise over nibble pairs (`nibble_pairs`)
-    and their scale bytes. `pair` holds the two codes as a bf16 pair reading
-    `value * 2**-126`; the factors are bf16 pairs of powers of two whose product is
-    `2**(E - 1)` (NaN at E = 255).
+def bf16_pair_codes(words):
+    """The code pairs of kernel-order words as bf16 pairs reading `value * 2**-126`: int32
+    `[M, SUB, W, 4]` -> `[M, SUB, W, 4, 4]`, the order of `nibble_pairs` and the bits of
+    `(nibble_pairs(words) * BF16_PAIR_CODES[0]) & BF16_PAIR_CODES[1]`.
+
+    Pairs 1 and 3 are not shifted down first: `(w & 0x00F000F0) * (multiplier >> 4)` is the
+    same number as `((w >> 4) & 0x000F000F) * multiplier`, so a word takes one shift (by 8,
+    for pairs 2 and 3), not three.
     """
-    codes = (pairs * BF16_PAIR_CODES[0]) & BF16_PAIR_CODES[1]
-    # Scale by 2**(E - 1) = 2**low * 2**high, low = floor((E - 1) / 2) in [-1, 126], high in
-    # [0, 127]: both factors are normal bf16, and the intermediate (>= 2**-128) stays exact.
+    rows: tl.constexpr = words.shape[0]
+    sub: tl.constexpr = words.shape[1]
+    count: tl.constexpr = words.shape[2]
+    even: tl.constexpr = BF16_PAIR_CODES[0]
+    odd: tl.constexpr = BF16_PAIR_CODES[0] >> 4
+    upper = words >> 8
+    pairs = tl.join(
+        tl.join((words & PAIR_NIBBLES) * even, (upper & PAIR_NIBBLES) * even),
+        tl.join((words & ODD_PAIR_NIBBLES) * odd, (upper & ODD_PAIR_NIBBLES) * odd),
+    )  # [M, SUB, W, 4, 2, 2]: pair 2 a + b at [a, b]
+    pairs = tl.reshape(pairs & BF16_PAIR_CODES[1], [rows, sub, count, 4, 4])
+    return tl.permute(pairs, (0, 1, 2, 4, 3))
+
+
+@triton.jit
+def bf16x2_scale_factors(scale_bytes):
+    """(low, high) factors of int32 scale bytes: bf16 pairs (as int32) of powers of two whose
+    product is `2**(E - 1)` (NaN at E = 255), so a code pair reading `value * 2**-126` times
+    low, then times high, is `value * 2**(E - 127)`."""
+    # 2**(E - 1) = 2**low * 2**high, low = floor((E - 1) / 2) in [-1, 126], high in [0, 127]:
+    # both factors are normal bf16, and the intermediate (>= 2**-128) stays exact.
     shift = scale_bytes - 1
     low = shift >> 1
     low_bits = (low + 127) << 7
     high_bits = tl.where(scale_bytes == 255, 0x7FC0, (shift - low + 127) << 7)
-    return codes, low_bits | (low_bits << 16), high_bits | (high_bits << 16)
+    return low_bits | (low_bits << 16), high_bits | (high_bits << 16)
 
 
 @triton.jit
@@ -178,9 +200,8 @@ def dequantize_keys_bf16x2(words, scale_bytes):
     rows: tl.constexpr = words.shape[0]
     sub: tl.constexpr = words.shape[1]
     count: tl.constexpr = words.shape[2]
-    pair, low_factors, high_factors = bf16x2_pair_bits(
-        nibble_pairs(words), tl.expand_dims(scale_bytes, 3)
-    )
+    pair = bf16_pair_codes(words)
+    low_factors, high_factors = bf16x2_scale_factors(tl.expand_dims(scale_bytes, 3))
     pair = tl.inline_asm_elementwise(
         "{ .reg .b32 nz, t; mov.b32 nz, 0x80008000; "
         "fma.rn.bf16x2 t, $1, $2, nz; fma.rn.bf16x2 $0, t, $3, nz; }",
@@ -483,10 +504,12 @@ __all__ = [
     "FP16_CODE_FACTOR",
     "FP16_PAIR_FIELDS",
     "LINE_ENTRIES",
+    "ODD_PAIR_NIBBLES",
     "PAIR_NIBBLES",
     "SUPPORTED_HEAD_DIMS",
     "as_bytes",
-    "bf16x2_pair_bits",
+    "bf16_pair_codes",
+    "bf16x2_scale_factors",
     "cache_words",
     "decode_key_tile",
     "dequantize_keys_bf16x2",
