@@ -66,7 +66,8 @@ def _cut_kernel(
         if PHASES >= 3:
             tl.debug_barrier()
             above, tied = tk._collect_groups(src, n, floor, group_list, listed, candidates,
-                                             candidates + CAP, K_PAD, CAP, G, SG, True)  # fmt: skip
+                                             candidates + CAP, K_PAD, CAP, G, SG, True,
+                                             True)  # fmt: skip
             result = above + tied
     tl.store(out_ptr + row, result)
 
@@ -117,9 +118,11 @@ def main() -> int:
                     SG=cfg.chunk // g, NG_PAD=gp, ROW_INTS=r, PHASES=p,
                     num_warps=cfg.num_warps))  # fmt: skip
             if phases > 1:
-                stats.append(f"k {k}: {'listed groups' if phases == 2 else 'candidates + ties'}"
-                             f" per row: mean {out_cut.float().mean():.0f}, max "
-                             f"{int(out_cut.max())}")
+                stats.append(
+                    f"k {k}: {'listed groups' if phases == 2 else 'candidates + ties'}"
+                    f" per row: mean {out_cut.float().mean():.0f}, max "
+                    f"{int(out_cut.max())}"
+                )
         out = torch.full((ROWS, k), -1, dtype=torch.int32, device=device)
         want = torch.sort(torch.topk(logits, k, dim=1).indices.int(), dim=1).values
         for split in (1, 2, 4):
@@ -134,12 +137,16 @@ def main() -> int:
             out.fill_(-1)
             tk.topk_per_row(logits, lengths, k, out, config=config)
             ok = torch.equal(torch.sort(out, dim=1).values, want)
-            add(f"k {k} full P=1 w{warps} chunk {chunk} ({'OK' if ok else 'WRONG'})",
-                lambda c=config, k=k, o=out: tk.topk_per_row(logits, lengths, k, o, config=c))
+            add(
+                f"k {k} full P=1 w{warps} chunk {chunk} ({'OK' if ok else 'WRONG'})",
+                lambda c=config, k=k, o=out: tk.topk_per_row(logits, lengths, k, o, config=c),
+            )
         add(f"k {k} torch.topk", lambda k=k: torch.topk(logits, k, dim=1))
     print(f"\none read of the logits: {ONE_READ_US:.1f} us (4.3 TB/s)")
-    print(f"{'case (us)':<40} {'eager dirty':>11} {'graph dirty':>11} {'graph clean':>11} "
-          f"{'clean/read':>10}")
+    print(
+        f"{'case (us)':<40} {'eager dirty':>11} {'graph dirty':>11} {'graph clean':>11} "
+        f"{'clean/read':>10}"
+    )
     for name, eager, dirty, clean in rows:
         print(f"{name:<40} {eager:11.1f} {dirty:11.1f} {clean:11.1f} {clean / ONE_READ_US:10.2f}")
     print("\n".join(stats))

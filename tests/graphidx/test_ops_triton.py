@@ -34,6 +34,7 @@ GPU_READY = {
     "test_dense_extreme_scales",
     "test_dense_logits_mma_shaped_tile_loads",
     "test_bf16x2_key_decode_is_exact",
+    "test_bf16_pair_codes_equal_the_plain_form",
     "test_bf16x2_decode_matches_float32_decode_on_gpu",
     "test_gather_logits_match_reference",
     "test_dense_prefill_mma_shaped_tile_loads",

@@ -183,11 +183,11 @@ def bf16x2_scale_factors(scale_bytes):
     low, then times high, is `value * 2**(E - 127)`."""
     # 2**(E - 1) = 2**low * 2**high, low = floor((E - 1) / 2) in [-1, 126], high in [0, 127]:
     # both factors are normal bf16, and the intermediate (>= 2**-128) stays exact.
+    # (x + 127) * 0x00800080 is bf16 2**x in both halves (x + 127 in [126, 254]).
     shift = scale_bytes - 1
     low = shift >> 1
-    low_bits = (low + 127) << 7
-    high_bits = tl.where(scale_bytes == 255, 0x7FC0, (shift - low + 127) << 7)
-    return low_bits | (low_bits << 16), high_bits | (high_bits << 16)
+    high_pair = tl.where(scale_bytes == 255, 0x7FC07FC0, (shift - low + 127) * 0x00800080)
+    return (low + 127) * 0x00800080, high_pair
 
 
 @triton.jit

@@ -558,14 +558,24 @@ def _list_groups(maxima, n, k, group_list, G: tl.constexpr, NG_PAD: tl.constexpr
 
 
 @triton.jit
-def _group_tile(src, n, group_list, first, listed, G: tl.constexpr, TG: tl.constexpr):
+def _group_tile(
+    src, n, group_list, first, listed, G: tl.constexpr, TG: tl.constexpr, QUADS: tl.constexpr
+):
     """(columns, keys) of list entries [first, first + TG) as one flat TG * G tile in column
-    order (entries past `listed` and columns past n give key 0)."""
+    order (entries past `listed` and columns past n give key 0).
+
+    QUADS (the row width a multiple of 4, G >= 4): loads are masked per quad of 4 columns
+    (a quad that starts before n ends inside the row), which lets them be 16-byte vectors;
+    the columns past n in the last quad are then zeroed. Else masked per column."""
     step_group = tl.arange(0, TG)
     inside = first + step_group < listed
     group = tl.load(group_list + first + step_group, mask=inside, other=0, cache_modifier=".cg")
     col = group[:, None] * G + tl.arange(0, G)[None, :]
-    key = _load_keys(src, col, inside[:, None] & (col < n), True)
+    if QUADS and G >= 4:
+        key = _load_keys(src, col, inside[:, None] & (col // 4 * 4 < n), True)
+        key = tl.where(col < n, key, 0)
+    else:
+        key = _load_keys(src, col, inside[:, None] & (col < n), True)
     return tl.reshape(col, [TG * G]), tl.reshape(key, [TG * G])
 
 
@@ -583,6 +593,7 @@ def _collect_groups(
     G: tl.constexpr,
     TG: tl.constexpr,
     PTX: tl.constexpr,
+    QUADS: tl.constexpr,
 ):
     """(above, tied): append the columns with key > floor of the `listed` groups of
     `group_list` to `candidates` and those equal to a finite floor to `ties`, in column order,
@@ -592,13 +603,13 @@ def _collect_groups(
     step's prefix sum waits on the other warps."""
     above_total = tl.zeros([], tl.int32)
     tied_total = tl.zeros([], tl.int32)
-    col, key = _group_tile(src, n, group_list, 0, listed, G, TG)
+    col, key = _group_tile(src, n, group_list, 0, listed, G, TG, QUADS)
     for first in range(0, listed, TG):
         above = key > floor
         tied = (key == floor) & (key > KEY_NEG_INF)
         packed = above.to(tl.int32) + (tied.to(tl.int32) << 16)
         here = col
-        col, key = _group_tile(src, n, group_list, first + TG, listed, G, TG)
+        col, key = _group_tile(src, n, group_list, first + TG, listed, G, TG, QUADS)
         rank = tl.cumsum(packed, axis=0) - packed
         slot = above_total + (rank & 0xFFFF)
         store_b32(candidates + slot, here, above & (slot < CAP), PTX)
@@ -627,8 +638,10 @@ def _topk_row_kernel(
     NG_PAD: tl.constexpr,
     ROW_INTS: tl.constexpr,
     PTX: tl.constexpr,
+    QUADS: tl.constexpr,
 ):
-    """P = 1: one program per row; one streaming pass, then only the listed groups."""
+    """P = 1: one program per row; one streaming pass, then only the listed groups (QUADS:
+    the width is a multiple of 4, `_group_tile`)."""
     row = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
     src = logits_ptr + row * row_stride
@@ -642,7 +655,7 @@ def _topk_row_kernel(
     floor, listed = _list_groups(maxima, n, k, group_list, G, NG_PAD)
     tl.debug_barrier()
     above, tied = _collect_groups(src, n, floor, group_list, listed, candidates, ties,
-                                  K_PAD, CAP, G, SG, PTX)  # fmt: skip
+                                  K_PAD, CAP, G, SG, PTX, QUADS)  # fmt: skip
     tl.debug_barrier()
     _select(src, n, out_ptr + row * out_row_stride, candidates, ties, above, tied, k,
             K_PAD, CAP, True)  # fmt: skip
@@ -779,7 +792,7 @@ def _topk_rows(
             logits.stride(0), out.stride(0), width, k,
             K_PAD=k_pad, CAP=cfg.capacity, G=group, SG=max(1, cfg.chunk // group),
             NG_PAD=groups_pad, ROW_INTS=row_ints, PTX=operand_mode() == OPERANDS_BF16X2,
-            **_launch_options(cfg),
+            QUADS=width % 4 == 0, **_launch_options(cfg),
         )  # fmt: skip
 
 
