@@ -26,8 +26,10 @@ factor left in, a query scaled by 2**-120 would fall below bf16's smallest subno
 
 On NVIDIA GPUs (`OPERANDS_BF16X2`) key tiles skip float32 altogether: a pair's two codes are
 placed into a bf16 pair whose bits read `value * 2**-126` (exponent field `ee`, the subnormal
-0.5 at `ee == 0` again exact), and one packed multiply per factor scales the pair by
-`2**(E - 1)`, split in two powers of two that bf16 always holds.
+0.5 at `ee == 0` again exact) by one integer multiply and a mask (`bf16_pair_codes`, which
+folds the shift of pairs 1 and 3 into the multiplier: one shift per word), and one packed
+multiply per factor scales the pair by `2**(E - 1)`, split in two powers of two that bf16
+always holds.
 
 Exactness: every decoded element is an e2m1 value times a power of two, exact in bf16 (the
 tensor-core operand, subnormals included: tools/device_subnormals.py checked that neither
