@@ -46,7 +46,7 @@ thresholds counted in one packed int64 sum) and stops early once exactly k keys 
 above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md sessions 5
-and 6): P = 1 at 16 warps takes 35.3 us at k 512 and 53.1 at k 2048 (041e679), 4.5 and 6.8
+and 6): P = 1 at 16 warps takes 33.7 us at k 512 and 50.7 at k 2048 (session 6), 4.3 and 6.5
 times one read of the logits (7.8 us at 4.3 TB/s). Per phase at c113f0c (36.3 / 55.3 us in
 all; tools/device_topk_phases.py, k 512 / k 2048): streaming maxima 16.0 / 16.1 us, floor and
 list 7.0 / 11.9, collect 7.6 / 10.9, select 5.7 / 16.4.
@@ -206,20 +206,31 @@ def split_config(k: int, programs_per_row: int) -> TopkConfig:
 
 @triton.jit
 def _order_key(x):
-    """uint32 image of float32 that orders like the floats (NaN above +inf)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    return tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)
+    """uint32 image of float32 that orders like the floats (NaN above +inf): negatives flip
+    every bit, the rest only the sign bit (xor with the sign-extended sign, or the sign)."""
+    sign = (x.to(tl.int32, bitcast=True) >> 31).to(tl.uint32, bitcast=True)
+    return x.to(tl.uint32, bitcast=True) ^ (sign | 0x80000000)
+
+
+@triton.jit
+def _never_picked_zero(key):
+    """Keys at or below -inf's (KEY_NEG_INF) as 0, the others kept."""
+    return tl.where(key > KEY_NEG_INF, key, 0)
+
+
+@triton.jit
+def _load_order_keys(src, col, inside, MASKED: tl.constexpr):
+    """`_order_key` of columns `col`, -inf's key where not `inside` (MASKED; unmasked, so
+    vectorized, when the caller knows every column is inside)."""
+    if MASKED:
+        return _order_key(tl.load(src + col, mask=inside, other=float("-inf")))
+    return _order_key(tl.load(src + col))
 
 
 @triton.jit
 def _load_keys(src, col, inside, MASKED: tl.constexpr):
-    """Keys of columns `col`; 0 (never picked) where not `inside` or at -inf. Unmasked
-    (vectorized) when the caller knows every column is inside."""
-    if MASKED:
-        key = _order_key(tl.load(src + col, mask=inside, other=float("-inf")))
-        return tl.where(inside & (key > KEY_NEG_INF), key, 0)
-    key = _order_key(tl.load(src + col))
-    return tl.where(key > KEY_NEG_INF, key, 0)
+    """Keys of columns `col`; 0 (never picked) where not `inside` or at -inf."""
+    return _never_picked_zero(_load_order_keys(src, col, inside, MASKED))
 
 
 @triton.jit
@@ -322,15 +333,17 @@ def _group_maxima(src, n, piece, GROUPS: tl.constexpr, GS: tl.constexpr, BLOCKS:
     lane = tl.arange(0, GS)[None, :]
     group_max = tl.zeros([GS], tl.uint32)
     main_stop = n // GROUPS // BLOCKS * BLOCKS
+    # Raw keys: a group's max is zeroed once, after the loop (the max of zeroed keys).
     for first in range(0, main_stop, BLOCKS):
         col = (first + block) * GROUPS + piece + lane
-        group_max = tl.maximum(group_max, tl.max(_load_keys(src, col, col, False), axis=0))
+        key = _load_order_keys(src, col, col, False)
+        group_max = tl.maximum(group_max, tl.max(key, axis=0))
     if main_stop * GROUPS < n:
         # At most BLOCKS blocks are left (the last one partial): one masked step.
         col = (main_stop + block) * GROUPS + piece + lane
-        key = _load_keys(src, col, col < n, True)
+        key = _load_order_keys(src, col, col < n, True)
         group_max = tl.maximum(group_max, tl.max(key, axis=0))
-    return group_max
+    return _never_picked_zero(group_max)
 
 
 @triton.jit
@@ -530,15 +543,17 @@ def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, PTX: 
     main_stop = n // (SG * G) * (SG * G)
     # Software-pipelined: the next step's loads are issued before this step's reduction
     # (at the last step the last step again, an L2 hit; that keeps the loads unmasked).
-    key = _load_keys(src, col, col < main_stop, True)
+    # Raw keys (`_load_order_keys`): each group's max is zeroed once, not every key.
+    key = _load_order_keys(src, col, col < main_stop, True)
     for first in range(0, main_stop, SG * G):
         here = key
-        key = _load_keys(src, tl.minimum(first + SG * G, main_stop - SG * G) + col, col, False)
-        group_max = tl.max(here, axis=1)
+        ahead = tl.minimum(first + SG * G, main_stop - SG * G) + col
+        key = _load_order_keys(src, ahead, col, False)
+        group_max = _never_picked_zero(tl.max(here, axis=1))
         store_b32(maxima + first // G + group, group_max, group >= 0, PTX)
     if main_stop < n:
-        key = _load_keys(src, main_stop + col, main_stop + col < n, True)
-        group_max = tl.max(key, axis=1)
+        key = _load_order_keys(src, main_stop + col, main_stop + col < n, True)
+        group_max = _never_picked_zero(tl.max(key, axis=1))
         store_b32(maxima + main_stop // G + group, group_max,
                   main_stop + group * G < n, PTX)  # fmt: skip
 
@@ -562,7 +577,8 @@ def _group_tile(
     src, n, group_list, first, listed, G: tl.constexpr, TG: tl.constexpr, QUADS: tl.constexpr
 ):
     """(columns, keys) of list entries [first, first + TG) as one flat TG * G tile in column
-    order (entries past `listed` and columns past n give key 0).
+    order: `_order_key`s, not zeroed at -inf (entries past `listed` and columns past n give a
+    key at or below KEY_NEG_INF).
 
     QUADS (the row width a multiple of 4, G >= 4): loads are masked per quad of 4 columns
     (a quad that starts before n ends inside the row), which lets them be 16-byte vectors;
@@ -572,10 +588,10 @@ def _group_tile(
     group = tl.load(group_list + first + step_group, mask=inside, other=0, cache_modifier=".cg")
     col = group[:, None] * G + tl.arange(0, G)[None, :]
     if QUADS and G >= 4:
-        key = _load_keys(src, col, inside[:, None] & (col // 4 * 4 < n), True)
+        key = _load_order_keys(src, col, inside[:, None] & (col // 4 * 4 < n), True)
         key = tl.where(col < n, key, 0)
     else:
-        key = _load_keys(src, col, inside[:, None] & (col < n), True)
+        key = _load_order_keys(src, col, inside[:, None] & (col < n), True)
     return tl.reshape(col, [TG * G]), tl.reshape(key, [TG * G])
 
 
@@ -603,6 +619,8 @@ def _collect_groups(
     step's prefix sum waits on the other warps."""
     above_total = tl.zeros([], tl.int32)
     tied_total = tl.zeros([], tl.int32)
+    # The floor is at least KEY_NEG_INF: no key at or below it (the tile's keys are not
+    # zeroed) is above the floor, nor, by the second test, tied with it.
     col, key = _group_tile(src, n, group_list, 0, listed, G, TG, QUADS)
     for first in range(0, listed, TG):
         above = key > floor
