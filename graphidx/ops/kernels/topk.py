@@ -540,22 +540,36 @@ def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, PTX: 
     step's maxima stored from where the reduction left them (no barrier in the loop)."""
     group = tl.arange(0, SG)
     col = group[:, None] * G + tl.arange(0, G)[None, :]
-    main_stop = n // (SG * G) * (SG * G)
-    # Software-pipelined: the next step's loads are issued before this step's reduction
-    # (at the last step the last step again, an L2 hit; that keeps the loads unmasked).
-    # Raw keys (`_load_order_keys`): each group's max is zeroed once, not every key.
-    key = _load_order_keys(src, col, col < main_stop, True)
-    for first in range(0, main_stop, SG * G):
-        here = key
-        ahead = tl.minimum(first + SG * G, main_stop - SG * G) + col
-        key = _load_order_keys(src, ahead, col, False)
-        group_max = _never_picked_zero(tl.max(here, axis=1))
-        store_b32(maxima + first // G + group, group_max, group >= 0, PTX)
+    STEP: tl.constexpr = SG * G
+    main_stop = n // STEP * STEP
+    pair_stop = n // (2 * STEP) * (2 * STEP)
+    last = main_stop - STEP
+    # Software-pipelined two steps deep, unrolled by two so that each buffer is refilled in
+    # place: a load is waited for two steps after it is issued, never copied before (a
+    # register copy would wait for it). Past the end the loads repeat the last full step (an
+    # L2 hit), which keeps them unmasked; floats are carried raw, keys made at use.
+    value_a = tl.load(src + col, mask=col < main_stop, other=float("-inf"))
+    value_b = tl.load(src + tl.minimum(STEP, last) + col, mask=col < last, other=float("-inf"))
+    for first in range(0, pair_stop, 2 * STEP):
+        here = _order_key(value_a)
+        value_a = tl.load(src + tl.minimum(first + 2 * STEP, last) + col)
+        _store_step_maxima(here, maxima + first // G, group, PTX)
+        here = _order_key(value_b)
+        value_b = tl.load(src + tl.minimum(first + 3 * STEP, last) + col)
+        _store_step_maxima(here, maxima + first // G + SG, group, PTX)
+    if pair_stop < main_stop:  # one full step left, loaded into value_a
+        _store_step_maxima(_order_key(value_a), maxima + pair_stop // G, group, PTX)
     if main_stop < n:
         key = _load_order_keys(src, main_stop + col, main_stop + col < n, True)
         group_max = _never_picked_zero(tl.max(key, axis=1))
         store_b32(maxima + main_stop // G + group, group_max,
                   main_stop + group * G < n, PTX)  # fmt: skip
+
+
+@triton.jit
+def _store_step_maxima(key, dst, group, PTX: tl.constexpr):
+    """dst[group] = the max of key[group, :], 0 at or below -inf's key (one full step)."""
+    store_b32(dst + group, _never_picked_zero(tl.max(key, axis=1)), group >= 0, PTX)
 
 
 @triton.jit
@@ -573,26 +587,43 @@ def _list_groups(maxima, n, k, group_list, G: tl.constexpr, NG_PAD: tl.constexpr
 
 
 @triton.jit
+def _listed(group_list, first, listed, TG: tl.constexpr):
+    """Group ids of list entries [first, first + TG) (0 past `listed`)."""
+    entry = first + tl.arange(0, TG)
+    return tl.load(group_list + entry, mask=entry < listed, other=0, cache_modifier=".cg")
+
+
+@triton.jit
 def _group_tile(
-    src, n, group_list, first, listed, G: tl.constexpr, TG: tl.constexpr, QUADS: tl.constexpr
+    src, n, group, first, listed, G: tl.constexpr, TG: tl.constexpr, QUADS: tl.constexpr
 ):
-    """(columns, keys) of list entries [first, first + TG) as one flat TG * G tile in column
-    order: `_order_key`s, not zeroed at -inf (entries past `listed` and columns past n give a
-    key at or below KEY_NEG_INF).
+    """(columns, floats) of list entries [first, first + TG) (`group`: their ids, from
+    `_listed`) as one flat TG * G tile in column order, -inf for entries past `listed` and
+    columns past n. The floats are raw: `_tile_keys` turns them into keys where they are
+    used, so a tile loaded a step ahead is not waited for until then.
 
     QUADS (the row width a multiple of 4, G >= 4): loads are masked per quad of 4 columns
     (a quad that starts before n ends inside the row), which lets them be 16-byte vectors;
-    the columns past n in the last quad are then zeroed. Else masked per column."""
-    step_group = tl.arange(0, TG)
-    inside = first + step_group < listed
-    group = tl.load(group_list + first + step_group, mask=inside, other=0, cache_modifier=".cg")
+    the columns past n in the last quad are read and left to `_tile_keys`. Else masked per
+    column."""
+    inside = first + tl.arange(0, TG) < listed
     col = group[:, None] * G + tl.arange(0, G)[None, :]
-    if QUADS and G >= 4:
-        key = _load_order_keys(src, col, inside[:, None] & (col // 4 * 4 < n), True)
-        key = tl.where(col < n, key, 0)
+    if QUADS and G >= 4:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
+        mask = inside[:, None] & (col // 4 * 4 < n)
     else:
-        key = _load_order_keys(src, col, inside[:, None] & (col < n), True)
-    return tl.reshape(col, [TG * G]), tl.reshape(key, [TG * G])
+        mask = inside[:, None] & (col < n)
+    value = tl.load(src + col, mask=mask, other=float("-inf"))
+    return tl.reshape(col, [TG * G]), tl.reshape(value, [TG * G])
+
+
+@triton.jit
+def _tile_keys(col, value, n, QUADS: tl.constexpr):
+    """`_order_key`s of a `_group_tile`, not zeroed at -inf (a key at or below KEY_NEG_INF
+    where the tile held -inf); QUADS: 0 for the columns past n."""
+    key = _order_key(value)
+    if QUADS:
+        key = tl.where(col < n, key, 0)
+    return key
 
 
 @triton.jit
@@ -615,19 +646,24 @@ def _collect_groups(
     `group_list` to `candidates` and those equal to a finite floor to `ties`, in column order,
     TG groups per step; the counts count every match, the buffers keep the first CAP / K_PAD.
     Both are numbered by one prefix sum over the step, the two counts packed in 16-bit halves
-    (a step holds fewer than 65536 columns). The next step's keys are loaded before this
-    step's prefix sum waits on the other warps."""
+    (a step holds fewer than 65536 columns)."""
     above_total = tl.zeros([], tl.int32)
     tied_total = tl.zeros([], tl.int32)
     # The floor is at least KEY_NEG_INF: no key at or below it (the tile's keys are not
     # zeroed) is above the floor, nor, by the second test, tied with it.
-    col, key = _group_tile(src, n, group_list, 0, listed, G, TG, QUADS)
+    # Two-step software pipeline: step i + 1's floats and step i + 2's group ids are
+    # loaded while step i is counted and stored.
+    group = _listed(group_list, 0, listed, TG)
+    col, value = _group_tile(src, n, group, 0, listed, G, TG, QUADS)
+    group = _listed(group_list, TG, listed, TG)
     for first in range(0, listed, TG):
+        key = _tile_keys(col, value, n, QUADS and G >= 4)
         above = key > floor
         tied = (key == floor) & (key > KEY_NEG_INF)
         packed = above.to(tl.int32) + (tied.to(tl.int32) << 16)
         here = col
-        col, key = _group_tile(src, n, group_list, first + TG, listed, G, TG, QUADS)
+        col, value = _group_tile(src, n, group, first + TG, listed, G, TG, QUADS)
+        group = _listed(group_list, first + 2 * TG, listed, TG)
         rank = tl.cumsum(packed, axis=0) - packed
         slot = above_total + (rank & 0xFFFF)
         store_b32(candidates + slot, here, above & (slot < CAP), PTX)
