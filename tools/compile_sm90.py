@@ -45,7 +45,8 @@ CASES = {
     "prefill": (64, 0, 4096, 32768, 64),
     "gather": (32, 2, 64, 65536, 128),  # pool of 2048 blocks of C = 8 per row
 }
-TOPK_CASES = {"topk512": 512, "topk2048": 2048}  # 128 rows x 65536 columns, this k
+TOPK_CASES = {"topk512": (512, 128), "topk2048": (2048, 128), "topk512r16": (512, 16)}
+"""name: (k, rows) of rows x 65536 columns; 16 rows take the split path (P = 8)."""
 GATHER_POOL_BLOCKS, GATHER_BLOCK_SIZE = 2048, 8
 SMALL_KEYS = 512  # the compiled code depends on shapes' strides and divisibility, not sizes
 
@@ -91,11 +92,11 @@ def compile_gather(config: GatherConfig | None) -> None:
     )  # fmt: skip
 
 
-def compile_topk(k: int) -> None:
-    """The top-k launcher at the H200 case's shape (128 x 65536, default config)."""
-    logits = torch.zeros((128, 65536))
-    lengths = torch.full((128,), 65536, dtype=torch.int32)
-    triton_topk.topk_per_row(logits, lengths, k, torch.empty((128, k), dtype=torch.int32))
+def compile_topk(k: int, rows: int) -> None:
+    """The top-k launcher at rows x 65536 (the H200 cases), default config."""
+    logits = torch.zeros((rows, 65536))
+    lengths = torch.full((rows,), 65536, dtype=torch.int32)
+    triton_topk.topk_per_row(logits, lengths, k, torch.empty((rows, k), dtype=torch.int32))
 
 
 def compile_case(name: str, config: LogitsConfig | None = None) -> None:
@@ -229,7 +230,7 @@ def main() -> int:
             else None
         )
         if name in TOPK_CASES:
-            compile_topk(TOPK_CASES[name])
+            compile_topk(*TOPK_CASES[name])
         elif name == "gather":
             compile_gather(GatherConfig(*fields) if fields else None)  # type: ignore[arg-type]
         else:

@@ -27,6 +27,8 @@ CASES = {
     "gather": "gather_case(32, 2, 64, 65536, 2048, 8, C, D)",
     "topk512": "topk_default(512)",
     "topk2048": "topk_default(2048)",
+    "topk512r16": "topk_default(512, rows=16)",  # the split path, P = 8
+    "topk512w1m": "topk_default(512, rows=1, width=1 << 20)",  # one wide row, P = 128
 }
 
 CHILD = """
