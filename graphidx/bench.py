@@ -60,6 +60,9 @@ class CaseResult:
     floor_us: float
     check: str
     notes: dict[str, Any] = field(default_factory=dict)
+    variant: bool = False
+    """A sweep point or an alternative config of a case (in the table and the JSON, not in the
+    plot)."""
 
     @property
     def tbps(self) -> float:
@@ -560,10 +563,13 @@ def skewed_decode_cases(
 
 
 def _sweep_point(label: str, build: Callable[[], CaseResult]) -> CaseResult:
+    """`build()` marked as a variant; a config that cannot compile or run is a FAIL row."""
     try:
-        return build()
+        result = build()
     except Exception as err:  # a config that cannot compile or run is a data point
-        return CaseResult(label, "-", 0.0, 0.0, 0.0, 0.0, f"FAIL: {err!r}"[:200])
+        result = CaseResult(label, "-", 0.0, 0.0, 0.0, 0.0, f"FAIL: {err!r}"[:200])
+    result.variant = True
+    return result
 
 
 def _config_label(point: tuple[object, ...]) -> str:
@@ -679,8 +685,17 @@ def format_table(results: list[CaseResult]) -> str:
     return "\n".join(lines)
 
 
+def _plot_label(result: CaseResult) -> str:
+    """The case name, with the head count when the shape starts with one (`H64 ...`)."""
+    head = result.shape.split()[0].rstrip(",") if result.shape.split() else ""
+    return f"{result.name} {head}" if head[:1] == "H" and head[1:].isdigit() else result.name
+
+
 def plot_roofline(results: list[CaseResult], ceilings: Ceilings, path: Path) -> bool:
-    """Achieved TFLOP/s (or TB/s-equivalent for flop-free cases) against the roofline."""
+    """Write a two-panel PNG of the main cases (variants left out): left, achieved TFLOP/s
+    against arithmetic intensity under the roofline (cases with FLOPs); right, each case's
+    time as a multiple of its floor (top-k's floor is one read of the logits), with the 1.5x
+    and 3x marks of the issue-5 targets. False when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -690,27 +705,61 @@ def plot_roofline(results: list[CaseResult], ceilings: Ceilings, path: Path) -> 
         return False
     bandwidth = ceilings.copy_bytes_per_s
     peak = ceilings.matmul_flops_per_s
-    fig, ax = plt.subplots(figsize=(9, 6))
+    shown = [r for r in results if not r.variant and r.time_us > 0 and r.floor_us > 0]
+    fig, (roof, ratio) = plt.subplots(1, 2, figsize=(15, 6.5), width_ratios=(1.1, 1))
     intensities = [10 ** (x / 10) for x in range(-10, 41)]
-    ax.plot(intensities, [min(peak, bandwidth * i) / 1e12 for i in intensities], "k-", label="roof")
-    for r in results:
-        if r.time_us <= 0 or r.flops <= 0 or r.bytes_moved <= 0:
-            continue
-        intensity = r.flops / r.bytes_moved
-        ax.plot(intensity, r.tflops, "o")
-        ax.annotate(f"{r.name} ({r.pct_of_floor:.0f}%)", (intensity, r.tflops), fontsize=8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title(
-        f"graphidx kernels vs roofline ({bandwidth / 1e12:.1f} TB/s, {peak / 1e12:.0f} TFLOP/s)"
-    )
-    ax.grid(True, which="both", alpha=0.3)
+    roof.plot(intensities, [min(peak, bandwidth * i) / 1e12 for i in intensities], "k-")
+    markers = "osD^v<>ph*"
+    for index, r in enumerate(x for x in shown if x.flops > 0 and x.bytes_moved > 0):
+        label = f"{_plot_label(r)}: {r.pct_of_floor:.0f}% of floor"
+        marker = markers[index % len(markers)]
+        roof.plot(r.flops / r.bytes_moved, r.tflops, marker, markersize=8, label=label)
+    roof.set_xscale("log")
+    roof.set_yscale("log")
+    roof.set_xlabel("arithmetic intensity (FLOP / byte)")
+    roof.set_ylabel("TFLOP/s")
+    roof.set_title(f"roofline: {bandwidth / 1e12:.1f} TB/s, {peak / 1e12:.0f} TFLOP/s")
+    roof.grid(True, which="both", alpha=0.3)
+    roof.legend(fontsize=8, loc="lower right")
+    labels = [_plot_label(r) for r in shown]
+    multiples = [r.time_us / r.floor_us for r in shown]
+    colors = ["0.6" if r.check == "-" else "tab:blue" for r in shown]  # references in gray
+    rows = range(len(shown))
+    ratio.barh(rows, multiples, color=colors)
+    for row, r, multiple in zip(rows, shown, multiples, strict=True):
+        ratio.text(multiple, row, f" {r.time_us:.1f} us ({multiple:.2f}x)", va="center", fontsize=8)
+    for mark in (1.5, 3.0):
+        ratio.axvline(mark, color="tab:red", linestyle="--", linewidth=1)
+    ratio.set_yticks(list(rows), labels, fontsize=8)
+    ratio.invert_yaxis()
+    ratio.set_xscale("log")
+    ticks = [t for t in (1, 1.5, 2, 3, 5, 10, 20, 50, 100) if t <= 1.3 * max(multiples)]
+    ratio.set_xticks(ticks, [f"{t:g}x" for t in ticks])
+    ratio.minorticks_off()
+    ratio.set_xlim(1, 1.6 * max(multiples))
+    ratio.set_xlabel("time / floor (1x: at the floor; red: 1.5x and 3x; gray: not graphidx)")
+    ratio.set_title("time against each case's floor")
+    ratio.grid(True, axis="x", which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def read_outputs(json_path: Path) -> tuple[list[CaseResult], Ceilings, dict[str, Any]]:
+    """(results, ceilings, meta) of a `kernels.json` that `write_outputs` wrote."""
+    payload = json.loads(Path(json_path).read_text())
+    fields = {f for f in CaseResult.__dataclass_fields__}
+    results = [
+        CaseResult(**{k: v for k, v in row.items() if k in fields}) for row in payload["results"]
+    ]
+    return results, Ceilings(**payload["ceilings"]), payload["meta"]
+
+
+def replot(json_path: Path, png_path: Path) -> bool:
+    """Draw `plot_roofline` again from a `kernels.json` (no GPU needed)."""
+    results, ceilings, _ = read_outputs(json_path)
+    return plot_roofline(results, ceilings, png_path)
 
 
 def write_outputs(
@@ -783,8 +832,16 @@ def run(
 
 
 def main(args: argparse.Namespace) -> int:
-    """Entry point of `graphidx bench` (args.quick, args.sweep, args.out); 1 when a check
-    failed."""
+    """Entry point of `graphidx bench` (args.quick, args.sweep, args.out; args.replot: only
+    redraw `roofline.png` under args.out from that kernels.json); 1 when a check failed."""
+    replot_from = getattr(args, "replot", None)
+    if replot_from:
+        png = Path(args.out) / "roofline.png"
+        png.parent.mkdir(parents=True, exist_ok=True)
+        if not replot(Path(replot_from), png):
+            raise SystemExit("graphidx bench --replot needs matplotlib (pip install '.[plot]')")
+        print(f"wrote {png}")
+        return 0
     results = run(
         Path(args.out),
         quick=bool(getattr(args, "quick", False)),
@@ -800,6 +857,9 @@ __all__ = [
     "format_table",
     "main",
     "measure_ceilings",
+    "plot_roofline",
+    "read_outputs",
+    "replot",
     "run",
     "run_benchmarks",
     "sweep_tiles",

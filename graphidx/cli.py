@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="1/4 of the keys and rows")
     bench.add_argument("--sweep", action="store_true", help="also time tile-config grids")
     bench.add_argument("--out", default="graphidx-bench", help="folder for JSON + PNG")
+    bench.add_argument(
+        "--replot", metavar="KERNELS_JSON", help="only redraw roofline.png from a saved run"
+    )
     bench.set_defaults(func=cmd_bench)
     return parser
 

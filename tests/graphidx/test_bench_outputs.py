@@ -1,0 +1,61 @@
+"""`graphidx bench` outputs without a GPU: kernels.json round trip and the plot redrawn from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from graphidx.bench import (
+    CaseResult,
+    Ceilings,
+    _plot_label,
+    read_outputs,
+    replot,
+    write_outputs,
+)
+from graphidx.cli import main
+
+
+def sample_results() -> list[CaseResult]:
+    decode = CaseResult(
+        "dense decode", "H64 next_n 2, 64 seqs, 1048576 keys", 85.0, 8.0e7, 3.4e10, 43.5, "OK",
+        {"eager_dirty_us": 86.0},
+    )  # fmt: skip
+    topk = CaseResult("top-k 512", "128 rows x 65536 cols, k 512", 33.0, 3.4e7, 0.0, 7.9, "OK")
+    variant = CaseResult("top-k 512 P=2", topk.shape, 47.0, 3.4e7, 0.0, 7.9, "OK", variant=True)
+    reference = CaseResult("torch.topk 512", topk.shape, 172.0, 3.4e7, 0.0, 7.9, "-")
+    failed = CaseResult("sweep x", "-", 0.0, 0.0, 0.0, 0.0, "FAIL: no", variant=True)
+    return [decode, topk, variant, reference, failed]
+
+
+def test_kernels_json_round_trips(tmp_path: Path) -> None:
+    results = sample_results()
+    ceilings = Ceilings(measured_copy_bytes_per_s=4.2e12)
+    written = write_outputs(results, ceilings, tmp_path, {"device": "test"})
+    assert written[0] == tmp_path / "kernels.json"
+    payload = json.loads(written[0].read_text())
+    assert payload["results"][0]["tflops"] == pytest.approx(3.4e10 / 85e-6 / 1e12)
+    got, got_ceilings, meta = read_outputs(written[0])
+    assert got == results  # every field, the variant flag included
+    assert got_ceilings == ceilings
+    assert meta == {"device": "test"}
+
+
+def test_plot_label_names_the_heads_only_when_the_shape_starts_with_them() -> None:
+    decode, topk, *_ = sample_results()
+    assert _plot_label(decode) == "dense decode H64"
+    assert _plot_label(topk) == "top-k 512"
+
+
+def test_replot_from_json_and_through_the_cli(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    write_outputs(sample_results(), Ceilings(), tmp_path / "run", {})
+    png = tmp_path / "again.png"
+    assert replot(tmp_path / "run" / "kernels.json", png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = tmp_path / "cli"
+    code = main(["bench", "--replot", str(tmp_path / "run" / "kernels.json"), "--out", str(out)])
+    assert code == 0
+    assert (out / "roofline.png").stat().st_size > 0
