@@ -45,11 +45,12 @@ answer). (NaN input is undefined by the contract; here a NaN ranks by its bits: 
 thresholds counted in one packed int64 sum) and stops early once exactly k keys are at or
 above the threshold.
 
-Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md sessions 5
-and 6): P = 1 at 16 warps takes 33.7 us at k 512 and 50.7 at k 2048 (session 6), 4.3 and 6.5
-times one read of the logits (7.8 us at 4.3 TB/s). Per phase at c113f0c (36.3 / 55.3 us in
-all; tools/device_topk_phases.py, k 512 / k 2048): streaming maxima 16.0 / 16.1 us, floor and
-list 7.0 / 11.9, collect 7.6 / 10.9, select 5.7 / 16.4.
+Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
+7): P = 1 at 16 warps takes 31.6-31.8 us at k 512 and 47.3-47.4 at k 2048 in A/B runs
+(33.4 / 47.6 in the full bench), 4.1 and 6.1 times one read of the logits (7.8 us at 4.3
+TB/s). Per phase at 1164dde (32.0 / 47.7 us in all; tools/device_topk_phases.py, k 512 / k
+2048): streaming maxima 13.3 / 13.5 us (a bare streaming row max with this grid: 13.0),
+floor and list 6.8 / 11.2, collect 6.1 / 8.2, select 5.8 / 14.8.
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
