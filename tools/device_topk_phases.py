@@ -7,7 +7,8 @@ one CUDA-graph replay with that flush, and as a replay with a clean L2 (`time_us
 - `stream max`: a bare streaming row max at several warps / chunk sizes / programs per row,
   the rate one pass over the logits can reach with this grid;
 - the P = 1 kernel cut after each phase, built from the library's own jit helpers: group
-  maxima only, + the floor search, + the collect pass; then the full op;
+  maxima only, + the floor search, + the collect pass, + the select's candidate gather and
+  key range, + its exact search; then the full op (the rest: writing the picks);
 - the full op at P = 1 / 2 / 4 (the split launches timed bimodally when eager).
 A phase's cost is the difference between consecutive cuts. Prints one table.
 """
@@ -51,7 +52,8 @@ def _cut_kernel(
     NG_PAD: tl.constexpr, ROW_INTS: tl.constexpr, PHASES: tl.constexpr,
 ):  # fmt: skip
     """The P = 1 top-k kernel stopped after PHASES phases (1 maxima, 2 floor and group
-    list, 3 collect)."""
+    list, 3 collect; then the select's steps when the candidates fit CAP: 4 their keys
+    gathered and their range reduced, 5 the exact search for the k-th largest)."""
     row = tl.program_id(0).to(tl.int64)
     src = logits_ptr + row * row_stride
     candidates = scratch_ptr + row * ROW_INTS
@@ -69,6 +71,18 @@ def _cut_kernel(
                                              candidates + CAP, K_PAD, CAP, G, SG, True,
                                              True)  # fmt: skip
             result = above + tied
+            if PHASES >= 4:
+                tl.debug_barrier()
+                slot = tl.arange(0, CAP)
+                inside = slot < above
+                col = tl.load(candidates + slot, mask=inside, other=0, cache_modifier=".cg")
+                key = tl.load(src + col, mask=inside, other=0.0)
+                key = tl.where(inside, tk._order_key(key), 0)
+                largest, smallest, live = tk._key_range(key)
+                result = live
+                if PHASES >= 5:
+                    _, reaching = tk._kth_largest_key(key, k, k, largest, smallest, live, 32)
+                    result = reaching
     tl.store(out_ptr + row, result)
 
 
@@ -111,13 +125,15 @@ def main() -> int:
         groups_pad = next_power_of_2(WIDTH // group)
         row_ints = cfg.capacity + k_pad + 2 * groups_pad
         scratch = torch.empty((ROWS, row_ints), dtype=torch.int32, device=device)
-        for phases, label in ((1, "maxima"), (2, "+ floor, list"), (3, "+ collect")):
+        cuts = ((1, "maxima"), (2, "+ floor, list"), (3, "+ collect"),
+                (4, "+ select: gather, range"), (5, "+ select: search"))  # fmt: skip
+        for phases, label in cuts:
             add(f"k {k} cut {label}", lambda p=phases, cfg=cfg, k=k, k_pad=k_pad, g=group,
                 gp=groups_pad, r=row_ints, s=scratch: _cut_kernel[(ROWS,)](
                     logits, out_cut, s, WIDTH, WIDTH, k, K_PAD=k_pad, CAP=cfg.capacity, G=g,
                     SG=cfg.chunk // g, NG_PAD=gp, ROW_INTS=r, PHASES=p,
                     num_warps=cfg.num_warps))  # fmt: skip
-            if phases > 1:
+            if phases in (2, 3):
                 stats.append(
                     f"k {k}: {'listed groups' if phases == 2 else 'candidates + ties'}"
                     f" per row: mean {out_cut.float().mean():.0f}, max "

@@ -436,14 +436,23 @@ def _collect(
 
 @triton.jit
 def _emit_selection(key, col, threshold, k, dst):
-    """Write the columns with key > threshold, then equal ones up to k in total."""
-    above = key > threshold
-    tied = key == threshold
-    above_count = tl.sum(above.to(tl.int32), axis=0)
-    slot_above = tl.cumsum(above.to(tl.int32), axis=0) - 1
-    slot_tied = above_count + tl.cumsum(tied.to(tl.int32), axis=0) - 1
-    tl.store(dst + slot_above, col, mask=above)
-    tl.store(dst + slot_tied, col, mask=tied & (slot_tied < k))
+    """Write the columns with key > threshold, then equal ones up to k in total (each kind in
+    column order). Both are numbered by one prefix sum, their counts packed in 16-bit halves
+    (fewer than 65536 keys; else one prefix sum each)."""
+    above = (key > threshold).to(tl.int32)
+    tied = (key == threshold).to(tl.int32)
+    if key.shape[0] < 65536:
+        packed = above + (tied << 16)
+        rank = tl.cumsum(packed, axis=0) - packed
+        above_count = tl.sum(packed, axis=0) & 0xFFFF
+        slot_above = rank & 0xFFFF
+        slot_tied = above_count + (rank >> 16)
+    else:
+        above_count = tl.sum(above, axis=0)
+        slot_above = tl.cumsum(above, axis=0) - above
+        slot_tied = above_count + tl.cumsum(tied, axis=0) - tied
+    tl.store(dst + slot_above, col, mask=above != 0)
+    tl.store(dst + slot_tied, col, mask=(tied != 0) & (slot_tied < k))
 
 
 @triton.jit
