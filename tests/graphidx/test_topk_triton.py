@@ -290,6 +290,24 @@ def test_ties_at_the_threshold_picked_in_column_order(gen: torch.Generator, spli
             assert set(out[r].tolist()) == want, (r, split)
 
 
+def test_selection_past_16_bit_counts_numbers_each_kind_apart(gen: torch.Generator) -> None:
+    """The select numbers its picks by one prefix sum with the above / tied counts packed in
+    16 bits, or, from 65536 keys of capacity on, by one prefix sum each: both must pick the
+    candidates above the k-th value, then the tied columns of smallest index. The large and
+    tied values sit in 4 adjacent groups, so the floor (the k-th largest group max) falls
+    among the small values and every one of them is a candidate (more than k)."""
+    width, k = 700, 20
+    row = -5.0 - torch.rand(width, generator=gen)
+    row[100:108] = torch.arange(8, dtype=torch.float32) + 10.0
+    row[108:148] = 1.0  # 40 columns tied at the k-th value
+    logits, lengths = row[None, :], torch.tensor([width], dtype=torch.int32)
+    for capacity in (1024, 65536):
+        out = torch.full((1, k), SENTINEL, dtype=torch.int32)
+        topk_per_row(logits, lengths, k, out, config=small_config(k, 1, 64, capacity))
+        check_rows(logits, lengths, k, out)
+        assert set(out[0].tolist()) == set(range(100, 120)), capacity
+
+
 def test_oversized_step_refused_before_any_launch() -> None:
     logits = torch.randn(2, 600)
     lengths = torch.tensor([600, 600], dtype=torch.int32)
