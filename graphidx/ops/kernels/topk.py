@@ -46,11 +46,12 @@ thresholds counted in one packed int64 sum) and stops early once exactly k keys 
 above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
-7): P = 1 at 16 warps takes 31.6-31.8 us at k 512 and 47.3-47.4 at k 2048 in A/B runs
-(33.4 / 47.6 in the full bench), 4.1 and 6.1 times one read of the logits (7.8 us at 4.3
-TB/s). Per phase at 1164dde (32.0 / 47.7 us in all; tools/device_topk_phases.py, k 512 / k
-2048): streaming maxima 13.3 / 13.5 us (a bare streaming row max with this grid: 13.0),
-floor and list 6.8 / 11.2, collect 6.1 / 8.2, select 5.8 / 14.8.
+7): P = 1 at 16 warps takes 31.3 us at k 512 and 44.5 at k 2048 (A/B runs at ef33dec), 4.0
+and 5.7 times one read of the logits (7.8 us at 4.3 TB/s). Per phase at 63794f8 (32.0 / 47.9
+us in all; tools/device_topk_phases.py, k 512 / k 2048): streaming maxima 13.6 / 13.5 us (a
+bare streaming row max with this grid: 13.0), floor and list 6.7 / 11.5, collect 6.2 / 8.2,
+select 5.5 / 14.7 (candidate gather 0.8 / 2.2, exact search 2.9 / 7.2, writing 1.8 / 5.3,
+which ef33dec cut by ~0.7 / ~3 us).
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
