@@ -1,14 +1,18 @@
 """Compile the logits kernels for sm_90 on a machine without a GPU and count their SASS.
 
     python tools/compile_sm90.py [--case decode64|topk512 ...] [--config F,F,...] [--out DIR]
+        [--loads]
 
 Device time is scarce; instruction counts are not. This runs the real launchers
 (`graphidx.ops.kernels.logits.paged_mqa_logits`) on small CPU tensors shaped like the H200
 cases of tools/device_profile.py, with Triton's driver replaced by one that reports an sm_90
 target and launches nothing, so every kernel is compiled exactly as on the H200 (same
 constexprs, same argument specialization) by the local Triton and its bundled ptxas. For each
-compiled kernel it prints registers, shared memory and, for the hottest loop (the longest
-backward branch's body), the instruction count by opcode; `--out` keeps TTGIR, PTX and SASS.
+compiled kernel it prints registers, shared memory and, for the hottest loop (the shortest
+loop holding an MMA, else the longest), the instruction count by opcode; `--out` keeps
+TTGIR, PTX and SASS. `--loads` adds, for every loop, where each load's result is first
+read: a load read in the iteration that issued it is waited for there, whatever the
+source meant to prefetch (BENCHMARKS.md session 7: the top-k's streaming pass).
 
 Use the Triton version the H200 has (3.6) for numbers that transfer: a venv with
 `pip install torch==2.13.0 numpy triton==3.6.0` works on a CPU-only machine.
@@ -134,32 +138,78 @@ def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-def hottest_loop(sass: str) -> list[str]:
-    """Instructions of the key-tile loop: the shortest loop body (a backward BRA's target ..
-    the branch) holding a tensor-core instruction, else the longest loop body."""
+def loop_bodies(sass: str) -> list[list[str]]:
+    """Every loop body of a SASS listing: the lines from a backward BRA's target through the
+    branch, in listing order."""
     lines = sass.splitlines()
     address = {}
     for index, line in enumerate(lines):
         found = re.match(r"\s*/\*([0-9a-f]{4,})\*/", line)
         if found:
             address[int(found.group(1), 16)] = index
-    loops = []
+    bodies = []
     for index, line in enumerate(lines):
         found = re.search(r"/\*([0-9a-f]{4,})\*/.*\bBRA\b.*?0x([0-9a-f]+)", line)
         if not found:
             continue
         here, target = int(found.group(1), 16), int(found.group(2), 16)
         if target < here and target in address:
-            loops.append((address[target], index + 1))
-    if not loops:
+            bodies.append(lines[address[target] : index + 1])
+    return bodies
+
+
+def hottest_loop(sass: str) -> list[str]:
+    """Instructions of the key-tile loop: the shortest loop body holding a tensor-core
+    instruction, else the longest loop body."""
+    bodies = loop_bodies(sass)
+    if not bodies:
         return []
-    with_mma = [(a, b) for a, b in loops if any("MMA" in line for line in lines[a:b])]
-    first, stop = (
-        min(with_mma, key=lambda loop: loop[1] - loop[0])
-        if with_mma
-        else max(loops, key=lambda loop: loop[1] - loop[0])
-    )
-    return lines[first:stop]
+    with_mma = [body for body in bodies if any("MMA" in line for line in body)]
+    return min(with_mma, key=len) if with_mma else max(bodies, key=len)
+
+
+_INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_STORES = ("ST", "STG", "STS", "STL", "RED", "BAR")
+
+
+def _instructions(lines: list[str]) -> list[tuple[int, str, list[str]]]:
+    """(address, opcode with modifiers, operands) of each instruction line."""
+    parsed = []
+    for line in lines:
+        found = _INSTRUCTION.match(line)
+        if found:
+            operands = [op.strip() for op in found.group(3).split(",") if op.strip()]
+            parsed.append((int(found.group(1), 16), found.group(2), operands))
+    return parsed
+
+
+def load_first_reads(body: list[str]) -> list[str]:
+    """For each global or local load of a loop body: how many instructions later its result
+    register is first read, and whether that read comes in the same iteration (the loop
+    waits for the load in the iteration that issued it: a prefetch there overlaps nothing)
+    or in the next one (wrapping around the loop)."""
+    code = _instructions(body)
+    lines = []
+    for index, (address, opcode, operands) in enumerate(code):
+        if not opcode.startswith(("LDG", "LDL")) or not operands:
+            continue
+        first = re.match(r"R(\d+)$", operands[0])
+        if not first:
+            continue
+        width = 4 if ".128" in opcode else 2 if ".64" in opcode else 1
+        results = {f"R{int(first.group(1)) + i}" for i in range(width)}
+        lines.append(f"{address:05x} {opcode} {operands[0]}: " + _first_read(code, index, results))
+    return lines
+
+
+def _first_read(code: list[tuple[int, str, list[str]]], index: int, results: set[str]) -> str:
+    for distance in range(1, len(code) + 1):
+        _, opcode, operands = code[(index + distance) % len(code)]
+        read = operands if opcode.startswith(_STORES) else operands[1:]
+        if any(re.search(rf"\b{reg}\b", operand) for operand in read for reg in results):
+            where = "next iteration" if index + distance >= len(code) else "same iteration"
+            return f"first read at +{distance} instructions, {where} ({opcode})"
+    return "not read in the loop"
 
 
 def opcode_counts(lines: list[str]) -> collections.Counter[str]:
@@ -171,7 +221,7 @@ def opcode_counts(lines: list[str]) -> collections.Counter[str]:
     return counts
 
 
-def report(kernel: object, label: str, out_dir: Path | None) -> None:
+def report(kernel: object, label: str, out_dir: Path | None, loads: bool = False) -> None:
     asm = kernel.asm  # type: ignore[attr-defined]
     meta = kernel.metadata  # type: ignore[attr-defined]
     cubin = Path("/tmp") / f"graphidx_{label}.cubin"
@@ -193,6 +243,12 @@ def report(kernel: object, label: str, out_dir: Path | None) -> None:
         f"hottest loop {sum(counts.values())} instructions per warp"
     )
     print("   " + ", ".join(f"{op} {n}" for op, n in counts.most_common(24)))
+    if loads:
+        for body in loop_bodies(sass):
+            reads = load_first_reads(body)
+            if reads:
+                print(f"   loop at {body[0].split('*/')[0].strip()}*/, {len(body)} lines:")
+                print("\n".join(f"      {line}" for line in reads))
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
@@ -204,6 +260,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", choices=sorted([*CASES, *TOPK_CASES]))
     parser.add_argument("--out", type=Path, help="keep TTGIR/PTX/SASS here")
+    parser.add_argument(
+        "--loads",
+        action="store_true",
+        help="for every loop, where each global / local load's result is first read",
+    )
     parser.add_argument(
         "--config",
         help="fields of the case's config in order (LogitsConfig, or GatherConfig for the "
@@ -238,7 +299,7 @@ def main() -> int:
         for kernel in kernels:
             for cache in kernel.device_caches.values():
                 for index, compiled in enumerate(cache[0].values()):
-                    report(compiled, f"{name}-{kernel.__name__}-{index}", args.out)
+                    report(compiled, f"{name}-{kernel.__name__}-{index}", args.out, args.loads)
     return 0
 
 

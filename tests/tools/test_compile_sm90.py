@@ -42,3 +42,34 @@ def test_longest_loop_without_tensor_core_ops() -> None:
     plain = "\n".join(line for line in SASS.splitlines() if "HGMMA" not in line)
     loop = compile_sm90.hottest_loop(plain)
     assert loop[0].strip().startswith("/*0000*/") and "BRA 0x0" in loop[-1]
+
+
+LOADS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   SHF.R.S32.HI R9, RZ, 0x1f, R4 ;
+        /*0020*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0030*/                   LDG.E R8, desc[UR4][R2.64+0x10] ;
+        /*0040*/                   IMAD.MOV.U32 R10, RZ, RZ, R8 ;
+        /*0050*/                   STG.E desc[UR4][R2.64], R11 ;
+        /*0060*/              @!P0 BRA 0x10 ;
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_load_first_reads_tell_the_same_iteration_from_the_next() -> None:
+    (body,) = compile_sm90.loop_bodies(LOADS)
+    assert compile_sm90.load_first_reads(body) == [
+        # R4..R7: first read by the SHF at the top of the loop, past the branch.
+        "00020 LDG.E.128 R4: first read at +5 instructions, next iteration (SHF.R.S32.HI)",
+        # R8: copied at once, so the loop waits for it where it was issued.
+        "00030 LDG.E R8: first read at +1 instructions, same iteration (IMAD.MOV.U32)",
+    ]
+
+
+def test_a_store_reads_its_value_and_an_unread_load_is_named() -> None:
+    listing = LOADS.replace("R11 ;", "R6 ;").replace("RZ, R8 ;", "RZ, R12 ;")
+    (body,) = compile_sm90.loop_bodies(listing)
+    assert compile_sm90.load_first_reads(body) == [
+        "00020 LDG.E.128 R4: first read at +3 instructions, same iteration (STG.E)",
+        "00030 LDG.E R8: not read in the loop",
+    ]
