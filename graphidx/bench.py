@@ -602,7 +602,11 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
                 use_schedule=use_schedule, config=LogitsConfig(*point),
             )  # fmt: skip
             results.append(_sweep_point(label, build))
-    prefill_points: tuple[tuple[Any, ...], ...] = ((64, 2, 4, 1, None), (64, 2, 4, 1, 168))
+    # The default, a 168-register cap, and the next tile's codes prefetched in registers (as
+    # decode does; the prefill loop waits for every load in the iteration that issues it).
+    prefill_points: tuple[tuple[Any, ...], ...] = (
+        (64, 2, 4, 1, None), (64, 2, 4, 1, 168), (64, 2, 4, 1, None, 4, True),
+    )  # fmt: skip
     for point in prefill_points:
         label = f"sweep prefill {_config_label(point)}"
         build = functools.partial(
