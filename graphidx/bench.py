@@ -725,6 +725,10 @@ def plot_roofline(results: list[CaseResult], ceilings: Ceilings, path: Path) -> 
     roof.set_title(f"roofline: {bandwidth / 1e12:.1f} TB/s, {peak / 1e12:.0f} TFLOP/s")
     roof.grid(True, which="both", alpha=0.3)
     roof.legend(fontsize=8, loc="lower right")
+    if not shown:  # every case failed, or only sweep points were run
+        ratio.text(0.5, 0.5, "no case with a time and a floor", ha="center", va="center")
+        ratio.set_axis_off()
+        return _save(fig, path)
     labels = [_plot_label(r) for r in shown]
     multiples = [r.time_us / r.floor_us for r in shown]
     colors = ["0.6" if r.check == "-" else "tab:blue" for r in shown]  # references in gray
@@ -744,6 +748,12 @@ def plot_roofline(results: list[CaseResult], ceilings: Ceilings, path: Path) -> 
     ratio.set_xlabel("time / floor (1x: at the floor; red: 1.5x and 3x; gray: not graphidx)")
     ratio.set_title("time against each case's floor")
     ratio.grid(True, axis="x", which="both", alpha=0.3)
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> bool:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -840,6 +850,8 @@ def main(args: argparse.Namespace) -> int:
     redraw `roofline.png` under args.out from that kernels.json); 1 when a check failed."""
     replot_from = getattr(args, "replot", None)
     if replot_from:
+        if not Path(replot_from).is_file():
+            raise SystemExit(f"graphidx bench --replot: no such file: {replot_from}")
         png = Path(args.out) / "roofline.png"
         png.parent.mkdir(parents=True, exist_ok=True)
         if not replot(Path(replot_from), png):

@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sweep", action="store_true", help="also time tile-config grids")
     bench.add_argument("--out", default="graphidx-bench", help="folder for JSON + PNG")
     bench.add_argument(
-        "--replot", metavar="KERNELS_JSON", help="only redraw roofline.png from a saved run"
+        "--replot",
+        metavar="KERNELS_JSON",
+        help="only redraw roofline.png (under --out) from a saved run; runs nothing",
     )
     bench.set_defaults(func=cmd_bench)
     return parser

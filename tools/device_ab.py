@@ -37,7 +37,7 @@ import graphidx.bench as bench
 from graphidx.ops import topk_per_row
 
 def topk_default(k, rows=128, width=65536):
-    # The op's default config on 128 x 65536 float32, picks checked against torch.topk.
+    # The op's default config on rows x width float32, picks checked against torch.topk.
     torch.manual_seed(0)
     logits = torch.randn(rows, width, device="cuda")
     lengths = torch.full((rows,), width, dtype=torch.int32, device="cuda")

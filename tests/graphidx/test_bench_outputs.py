@@ -59,3 +59,18 @@ def test_replot_from_json_and_through_the_cli(tmp_path: Path) -> None:
     code = main(["bench", "--replot", str(tmp_path / "run" / "kernels.json"), "--out", str(out)])
     assert code == 0
     assert (out / "roofline.png").stat().st_size > 0
+
+
+def test_plot_without_a_main_case_still_draws(tmp_path: Path) -> None:
+    """Every case failed, or only sweep points ran (`tools/device_kernels.py --sweep-only`):
+    the JSON and the plot are still written, not a traceback."""
+    pytest.importorskip("matplotlib")
+    only_variants = [r for r in sample_results() if r.variant]
+    written = write_outputs(only_variants, Ceilings(), tmp_path, {})
+    assert [p.name for p in written] == ["kernels.json", "roofline.png"]
+
+
+def test_replot_of_a_missing_file_says_so(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    with pytest.raises(SystemExit, match="no such file"):
+        main(["bench", "--replot", str(missing), "--out", str(tmp_path)])

@@ -308,6 +308,36 @@ def test_selection_past_16_bit_counts_numbers_each_kind_apart(gen: torch.Generat
         assert set(out[0].tolist()) == set(range(100, 120)), capacity
 
 
+def test_selection_with_more_ties_than_16_bits_can_rank(gen: torch.Generator) -> None:
+    """35000 columns tied at the k-th value among 49152, capacity 65536: the select's ranks
+    pass 32767, too many for the 16-bit halves of a packed prefix sum, so it must number
+    the two kinds apart, and write only the row's k slots (guards on both sides)."""
+    width, k, guard = 49152, 16, 64
+    row = -5.0 - torch.rand(width, generator=gen)
+    row[:35000] = 1.0  # the last 4 groups of 4096 hold no 1.0: the floor is negative
+    row[40000:40004] = torch.tensor([10.0, 11.0, 12.0, 13.0])
+    logits, lengths = row[None, :], torch.tensor([width], dtype=torch.int32)
+    buffer = torch.full((1, k + 2 * guard), SENTINEL, dtype=torch.int32)
+    out = buffer[:, guard : guard + k]
+    config = TopkConfig(groups=16, capacity=65536, num_warps=4, chunk=8192)
+    topk_per_row(logits, lengths, k, out, config=config)
+    assert set(out[0].tolist()) == {40000, 40001, 40002, 40003, *range(12)}
+    assert bool((buffer[:, :guard] == SENTINEL).all())
+    assert bool((buffer[:, guard + k :] == SENTINEL).all())
+
+
+def test_collect_step_of_32768_tied_columns() -> None:
+    """A collect step of the largest size (32768 columns) all tied at the floor: the tie
+    count fills bit 31 of the packed step total and must still read as 32768."""
+    width, k = 32768, 8
+    logits = torch.ones(1, width)
+    lengths = torch.tensor([width], dtype=torch.int32)
+    out = torch.full((1, k), SENTINEL, dtype=torch.int32)
+    config = TopkConfig(groups=1024, capacity=16, num_warps=4, chunk=32768)
+    topk_per_row(logits, lengths, k, out, config=config)
+    assert out[0].tolist() == list(range(k))
+
+
 def test_oversized_step_refused_before_any_launch() -> None:
     logits = torch.randn(2, 600)
     lengths = torch.tensor([600, 600], dtype=torch.int32)

@@ -13,8 +13,8 @@ once at most FLOOR_LIMIT * k maxima reach it.
 
 One program per row (P = 1, `_topk_row_kernel`, one launch), rows cut into G-column
 *contiguous* groups (G = `group_columns(width, groups)`):
-1. *Maxima.* One streaming pass writes each group's max key to scratch (the next step's
-   loads issued before this step's reduction; stores made from the reduction's layout).
+1. *Maxima.* One streaming pass writes each group's max key to scratch (two steps' loads in
+   flight while a step is reduced; stores made from the reduction's layout).
 2. *List.* The floor from the maxima, then the groups whose max is >= floor listed in
    ascending order: they hold every column >= floor (~k groups, a quarter of a 65536-column
    row at k 512 or 2048).
@@ -47,11 +47,12 @@ above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
 7): P = 1 at 16 warps takes 31.3 us at k 512 and 44.5 at k 2048 (A/B runs at ef33dec), 4.0
-and 5.7 times one read of the logits (7.8 us at 4.3 TB/s). Per phase at 63794f8 (32.0 / 47.9
-us in all; tools/device_topk_phases.py, k 512 / k 2048): streaming maxima 13.6 / 13.5 us (a
-bare streaming row max with this grid: 13.0), floor and list 6.7 / 11.5, collect 6.2 / 8.2,
-select 5.5 / 14.7 (candidate gather 0.8 / 2.2, exact search 2.9 / 7.2, writing 1.8 / 5.3,
-which ef33dec cut by ~0.7 / ~3 us).
+and 5.7 times one read of the logits (7.8 us at 4.3 TB/s). Per phase at 1164dde's kernels
+(tools/device_topk_phases.py, two runs, k 512 / k 2048): streaming maxima 13.3-13.6 / 13.5
+us (a bare streaming row max with this grid: 13.0), floor and list 6.7-6.8 / 11.2-11.5,
+collect 6.1-6.2 / 8.2, select 5.5-5.8 / 14.7-14.8; in the second run the select split into
+candidate gather 0.8 / 2.2, exact search 2.9 / 7.2 and writing 1.8 / 5.3, which ef33dec
+cut by ~0.7 / ~3 us.
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
@@ -439,7 +440,8 @@ def _collect(
 def _emit_selection(key, col, threshold, k, dst):
     """Write the columns with key > threshold, then equal ones up to k in total (each kind in
     column order). Both are numbered by one prefix sum, their counts packed in 16-bit halves
-    (fewer than 65536 keys; else one prefix sum each)."""
+    when there are fewer than 65536 keys (a power of two, so at most 32768: every rank fits
+    below bit 15 of its half); else one prefix sum each."""
     above = (key > threshold).to(tl.int32)
     tied = (key == threshold).to(tl.int32)
     if key.shape[0] < 65536:
@@ -547,8 +549,9 @@ def _select(
 @triton.jit
 def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, PTX: tl.constexpr):
     """maxima[g] = the max key of columns [g * G, (g + 1) * G) of a row of length n (0 when
-    none is finite), for every g < cdiv(n, G): SG groups per step, full steps unmasked, each
-    step's maxima stored from where the reduction left them (no barrier in the loop)."""
+    none is finite), for every g < cdiv(n, G): SG groups per step, the loop's loads
+    unmasked (only the first two and the partial last step are masked), each step's maxima
+    stored from where the reduction left them (no barrier in the loop)."""
     group = tl.arange(0, SG)
     col = group[:, None] * G + tl.arange(0, G)[None, :]
     STEP: tl.constexpr = SG * G
@@ -609,9 +612,10 @@ def _group_tile(
     src, n, group, first, listed, G: tl.constexpr, TG: tl.constexpr, QUADS: tl.constexpr
 ):
     """(columns, floats) of list entries [first, first + TG) (`group`: their ids, from
-    `_listed`) as one flat TG * G tile in column order, -inf for entries past `listed` and
-    columns past n. The floats are raw: `_tile_keys` turns them into keys where they are
-    used, so a tile loaded a step ahead is not waited for until then.
+    `_listed`) as one flat TG * G tile in column order; -inf where not read (entries past
+    `listed`, and columns past n unless QUADS reads them, below). The floats are raw:
+    `_tile_keys` turns them into keys where they are used, so a tile loaded a step ahead
+    is not waited for until then.
 
     QUADS (the row width a multiple of 4, G >= 4): loads are masked per quad of 4 columns
     (a quad that starts before n ends inside the row), which lets them be 16-byte vectors;
@@ -682,7 +686,7 @@ def _collect_groups(
         store_b32(ties + slot, here, tied & (slot < K_PAD), PTX)
         total = tl.sum(packed, axis=0)
         above_total += total & 0xFFFF
-        tied_total += total >> 16
+        tied_total += (total >> 16) & 0xFFFF  # 32768 ties set the sign bit
     return above_total, tied_total
 
 
