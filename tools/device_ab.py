@@ -25,6 +25,7 @@ CASES = {
     " use_schedule=True)",
     "decode32": 'dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, C, D)',
     "gather": "gather_case(32, 2, 64, 65536, 2048, 8, C, D)",
+    "prefill": "prefill_case(64, 4096, 32768, C, D)",  # ~4 ms a launch
     "topk512": "topk_default(512)",
     "topk2048": "topk_default(2048)",
     "topk512r16": "topk_default(512, rows=16)",  # the split path, P = 8
