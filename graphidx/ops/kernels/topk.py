@@ -666,8 +666,10 @@ def _collect_groups(
     tied_total = tl.zeros([], tl.int32)
     # The floor is at least KEY_NEG_INF: no key at or below it (the tile's keys are not
     # zeroed) is above the floor, nor, by the second test, tied with it.
-    # Two-step software pipeline: step i + 1's floats and step i + 2's group ids are
-    # loaded while step i is counted and stored.
+    # Software pipeline: step i + 2's group ids load while step i is counted and stored,
+    # and are first read a step later. Step i + 1's floats are issued here too, but their
+    # fill value (-inf) compiles to register copies that wait for them at once
+    # (tools/compile_sm90.py --loads): that load is not overlapped yet.
     group = _listed(group_list, 0, listed, TG)
     col, value = _group_tile(src, n, group, 0, listed, G, TG, QUADS)
     group = _listed(group_list, TG, listed, TG)
