@@ -602,10 +602,10 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
                 use_schedule=use_schedule, config=LogitsConfig(*point),
             )  # fmt: skip
             results.append(_sweep_point(label, build))
-    # The default, a 168-register cap, and the next tile's codes prefetched in registers (as
-    # decode does; the prefill loop waits for every load in the iteration that issues it).
+    # The default (the next tile's codes prefetched in registers), the same at a 168-register
+    # cap, and without the prefetch (the loop then waits for every load where it is issued).
     prefill_points: tuple[tuple[Any, ...], ...] = (
-        (64, 2, 4, 1, None), (64, 2, 4, 1, 168), (64, 2, 4, 1, None, 4, True),
+        (64, 2, 4, 1, None, 4, True), (64, 2, 4, 1, 168, 4, True), (64, 2, 4, 1, None),
     )  # fmt: skip
     for point in prefill_points:
         label = f"sweep prefill {_config_label(point)}"

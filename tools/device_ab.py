@@ -26,6 +26,11 @@ CASES = {
     "decode32": 'dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, C, D)',
     "gather": "gather_case(32, 2, 64, 65536, 2048, 8, C, D)",
     "prefill": "prefill_case(64, 4096, 32768, C, D)",  # ~4 ms a launch
+    # the default with a 168-register cap, and without the register prefetch
+    "prefill168": 'prefill_case(64, 4096, 32768, C, D, name="prefill r168",'
+    " config=LogitsConfig(64, 2, 4, 1, 168, 4, True))",
+    "prefillnopf": 'prefill_case(64, 4096, 32768, C, D, name="prefill no prefetch",'
+    " config=LogitsConfig(64, 2, 4, 1, None))",
     "topk512": "topk_default(512)",
     "topk2048": "topk_default(2048)",
     "topk512r16": "topk_default(512, rows=16)",  # the split path, P = 8
@@ -36,6 +41,7 @@ CHILD = """
 import json, sys, types, torch
 import graphidx.bench as bench
 from graphidx.ops import topk_per_row
+from graphidx.ops.kernels.logits import LogitsConfig
 
 def topk_default(k, rows=128, width=65536):
     # The op's default config on rows x width float32, picks checked against torch.topk.
@@ -50,7 +56,8 @@ def topk_default(k, rows=128, width=65536):
     check = "OK" if torch.equal(got, want) else "FAIL: wrong picks"
     return types.SimpleNamespace(time_us=bench.time_case(run)[0], check=check)
 
-scope = dict(vars(bench), C=bench.Ceilings(), D=torch.device("cuda"), topk_default=topk_default)
+scope = dict(vars(bench), C=bench.Ceilings(), D=torch.device("cuda"), topk_default=topk_default,
+             LogitsConfig=LogitsConfig)
 for name in sys.argv[1:]:
     result = eval(CASES[name], scope)
     print("AB " + json.dumps([name, result.time_us, result.check]), flush=True)

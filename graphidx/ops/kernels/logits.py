@@ -170,8 +170,9 @@ def default_config(
 ) -> LogitsConfig:
     """Shape-only config, from the H200 sweeps in BENCHMARKS.md: one warpgroup (4 warps) over
     64 keys and N = block_r * heads_pad <= 128 columns, no shared-memory pipelining
-    (num_stages 1), keys loaded in the operand layout (`uses_mma_rows`). Decode prefetches
-    the next tile in registers when page_entries % block_n == 0; on NVIDIA, decode at N = 128
+    (num_stages 1), keys loaded in the operand layout (`uses_mma_rows`), the next tile's
+    codes prefetched in registers when page_entries % block_n == 0 (prefill 3972 -> 3752-3800
+    us at H64, 4096 x 32K, BENCHMARKS.md session 8); on NVIDIA, decode at N = 128
     caps 64-key tiles at 128 registers (4 resident programs per SM) and, with >= 2 rows per
     group, splits each tile's MMA in two halves of the rows (`LogitsConfig.halves`: the
     scheduled kernel then spills nothing, the static one ~14 loads per tile); prefill keeps
@@ -202,7 +203,7 @@ def default_config(
         num_stages=1,
         max_registers=128 if capped else None,
         programs_per_sm=4,
-        prefetch=one_page and not prefill,
+        prefetch=one_page,
         halves=capped and block_r >= 2,
     )
 
