@@ -1,22 +1,24 @@
 """H200 script: where does the Triton top-k's time go (128 x 65536 float32, k 512 / 2048)?
 
-    python tools/device_topk_phases.py [--repeat 3]
+    python tools/device_topk_phases.py [--repeat 3] [--quick]
 
 Times each case eagerly with do_bench's flush (a dirty L2, the method before session 4), as
 one CUDA-graph replay with that flush, and as a replay with a clean L2 (`time_us_graph`):
 - `stream max`: a bare streaming row max at several warps / chunk sizes / programs per row,
-  the rate one pass over the logits can reach with this grid;
+  the rate one pass over the logits can reach with this grid, and torch.amax over the rows;
 - the P = 1 kernel cut after each phase, built from the library's own jit helpers: group
   maxima only, + the floor search, + the collect pass, + the select's candidate gather and
   key range, + its exact search; then the full op (the rest: writing the picks);
 - the full op at P = 1 / 2 / 4 (the split launches timed bimodally when eager).
-A phase's cost is the difference between consecutive cuts. Prints one table.
+A phase's cost is the difference between consecutive cuts. Prints one table. --quick: only
+the cuts and the full op at P = 1, as clean-L2 graph replays (for A/B of two trees).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import statistics
 import sys
 
@@ -29,6 +31,7 @@ from graphidx.ops.kernels import next_power_of_2
 from graphidx.ops.kernels import topk as tk
 
 ROWS, WIDTH = 128, 65536
+TIGHT_ARG = len(inspect.signature(tk._kth_largest_key.fn).parameters) == 8
 ONE_READ_US = ROWS * WIDTH * 4 / 4.3e12 * 1e6
 
 
@@ -50,6 +53,7 @@ def _cut_kernel(
     logits_ptr, out_ptr, scratch_ptr, row_stride, n, k,
     K_PAD: tl.constexpr, CAP: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NG_PAD: tl.constexpr, ROW_INTS: tl.constexpr, PHASES: tl.constexpr,
+    TIGHT_ARG: tl.constexpr,
 ):  # fmt: skip
     """The P = 1 top-k kernel stopped after PHASES phases (1 maxima, 2 floor and group
     list, 3 collect; then the select's steps when the candidates fit CAP: 4 their keys
@@ -81,7 +85,12 @@ def _cut_kernel(
                 largest, smallest, live = tk._key_range(key)
                 result = live
                 if PHASES >= 5:
-                    _, reaching = tk._kth_largest_key(key, k, k, largest, smallest, live, 32)
+                    if TIGHT_ARG:  # the search's arguments since session 8
+                        _, reaching = tk._kth_largest_key(key, k, k, k, largest, smallest,
+                                                          live, 32)  # fmt: skip
+                    else:  # older trees (an A/B against a base before it)
+                        _, reaching = tk._kth_largest_key(key, k, k, largest, smallest, live,
+                                                          32)  # fmt: skip
                     result = reaching
     tl.store(out_ptr + row, result)
 
@@ -98,6 +107,7 @@ def _timed(fn, repeat: int) -> tuple[float, float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="cuts and P = 1, clean L2 only")
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -106,16 +116,23 @@ def main() -> int:
     rows: list[tuple[str, float, float, float]] = []
 
     def add(name: str, fn) -> None:
-        times = _timed(fn, args.repeat)
+        if args.quick:
+            clean = statistics.median(time_us_graph(fn) for _ in range(args.repeat))
+            times: tuple[float, float, float] = (float("nan"), float("nan"), clean)
+        else:
+            times = _timed(fn, args.repeat)
         rows.append((name, *times))
         print(f"{name:<40} " + " ".join(f"{t:7.1f}" for t in times), flush=True)
 
     sink = torch.empty(ROWS * 8, device=device)
-    for warps, chunk, split in ((4, 2048, 1), (8, 4096, 1), (8, 8192, 1), (16, 8192, 1),
-                                (16, 16384, 1), (8, 4096, 2), (8, 4096, 4)):  # fmt: skip
+    streams = ((4, 2048, 1), (8, 4096, 1), (8, 8192, 1), (16, 8192, 1), (16, 16384, 1),
+               (8, 4096, 2), (8, 4096, 4))  # fmt: skip
+    for warps, chunk, split in streams[4:5] if args.quick else streams:
         add(f"stream max w{warps} chunk {chunk} P={split}", lambda w=warps, c=chunk, s=split:
             _stream_max_kernel[(s, ROWS)](logits, sink, WIDTH, WIDTH, CHUNK=c, SPLIT=s,
                                           num_warps=w))  # fmt: skip
+    # torch's own one pass over the logits, timed the same way.
+    add("torch.amax over each row", lambda: torch.amax(logits, dim=1))
     out_cut = torch.empty(ROWS, dtype=torch.int32, device=device)
     stats: list[str] = []
     for k in (512, 2048):
@@ -132,6 +149,7 @@ def main() -> int:
                 gp=groups_pad, r=row_ints, s=scratch: _cut_kernel[(ROWS,)](
                     logits, out_cut, s, WIDTH, WIDTH, k, K_PAD=k_pad, CAP=cfg.capacity, G=g,
                     SG=cfg.chunk // g, NG_PAD=gp, ROW_INTS=r, PHASES=p,
+                    TIGHT_ARG=TIGHT_ARG,
                     num_warps=cfg.num_warps))  # fmt: skip
             if phases in (2, 3):
                 stats.append(
@@ -141,14 +159,14 @@ def main() -> int:
                 )
         out = torch.full((ROWS, k), -1, dtype=torch.int32, device=device)
         want = torch.sort(torch.topk(logits, k, dim=1).indices.int(), dim=1).values
-        for split in (1, 2, 4):
+        for split in (1,) if args.quick else (1, 2, 4):
             config = cfg if split == 1 else tk.split_config(k, split)
             out.fill_(-1)
             tk.topk_per_row(logits, lengths, k, out, config=config)
             ok = torch.equal(torch.sort(out, dim=1).values, want)
             add(f"k {k} full P={split} ({'OK' if ok else 'WRONG'})", lambda c=config, k=k,
                 o=out: tk.topk_per_row(logits, lengths, k, o, config=c))  # fmt: skip
-        for warps, chunk in ((16, 8192), (8, 8192)):
+        for warps, chunk in () if args.quick else ((16, 8192), (8, 8192)):
             config = dataclasses.replace(cfg, num_warps=warps, chunk=chunk)
             out.fill_(-1)
             tk.topk_per_row(logits, lengths, k, out, config=config)
@@ -157,7 +175,8 @@ def main() -> int:
                 f"k {k} full P=1 w{warps} chunk {chunk} ({'OK' if ok else 'WRONG'})",
                 lambda c=config, k=k, o=out: tk.topk_per_row(logits, lengths, k, o, config=c),
             )
-        add(f"k {k} torch.topk", lambda k=k: torch.topk(logits, k, dim=1))
+        if not args.quick:
+            add(f"k {k} torch.topk", lambda k=k: torch.topk(logits, k, dim=1))
     print(f"\none read of the logits: {ONE_READ_US:.1f} us (4.3 TB/s)")
     print(
         f"{'case (us)':<40} {'eager dirty':>11} {'graph dirty':>11} {'graph clean':>11} "

@@ -376,20 +376,39 @@ def test_floor_stays_tight_when_the_maxima_span_the_sign_bit(gen: torch.Generato
     assert floor <= int(torch.sort(keys, descending=True).values[k - 1])
 
 
+def test_floor_on_normal_maxima_is_within_the_slack(gen: torch.Generator) -> None:
+    # Maxima of 16 normals per group, as the P = 1 path sees them at k 512 (4096 groups):
+    # the interpolating search gets the floor under k + k / FLOOR_SLACK maxima.
+    k, groups = 512, 4096
+    keys = order_keys(torch.randn(groups, 16, generator=gen)).amax(dim=1)
+    maxima = (keys - (1 << 32) * (keys >= 1 << 31)).to(torch.int32)
+    out = torch.zeros(2, dtype=torch.int32)
+    _floor_kernel[(1,)](maxima, out, k, NG=groups)
+    floor = int(out[0]) & 0xFFFFFFFF
+    assert int(out[1]) == int((keys >= floor).sum())
+    assert k <= int(out[1]) <= k + k // topk_kernels.FLOOR_SLACK.value
+    assert floor <= int(torch.sort(keys, descending=True).values[k - 1])
+
+
 @triton.jit
 def _kth_kernel(keys_ptr, out_ptr, k, N: tl.constexpr):
     """The library's exact search over N keys (uint32 stored as int32): (t, count)."""
     keys = tl.load(keys_ptr + tl.arange(0, N)).to(tl.uint32, bitcast=True)
     largest, smallest, live = topk_kernels._key_range(keys)
-    threshold, reaching = topk_kernels._kth_largest_key(keys, k, k, largest, smallest, live, 32)
+    threshold, reaching = topk_kernels._kth_largest_key(keys, k, k, k, largest, smallest, live, 32)
     tl.store(out_ptr, threshold.to(tl.int32, bitcast=True))
     tl.store(out_ptr + 1, reaching)
 
 
-@pytest.mark.parametrize("case", ["random", "few bits", "exactly k live", "one value"])
+@pytest.mark.parametrize(
+    "case",
+    ["random", "few bits", "exactly k live", "one value", "two clusters", "extremes", "normals"],
+)
 def test_exact_search_threshold_and_count(gen: torch.Generator, case: str) -> None:
     """t is the k-th largest nonzero key (or a t with exactly k keys >= it), t > 0, and the
-    returned count is count(keys >= t); zero keys (never picked) are not counted."""
+    returned count is count(keys >= t); zero keys (never picked) are not counted. The cases
+    lead the bracket search's interpolation astray (clusters, ties, the ends of the key
+    range) as well as where it works (normals)."""
     n, k = 256, 37
     keys = torch.randint(1, 1 << 32, (n,), generator=gen, dtype=torch.int64)
     keys[::9] = 0
@@ -399,6 +418,13 @@ def test_exact_search_threshold_and_count(gen: torch.Generator, case: str) -> No
         keys[keys.nonzero()[k:]] = 0
     elif case == "one value":
         keys[:] = 0x3F800000
+    elif case == "two clusters":  # ~40 keys near the top, the rest near the bottom
+        keys = torch.where(keys % 7 == 0, 0xFFFFFF00 + keys % 200, 1 + keys % 1000)
+        keys[::9] = 0
+    elif case == "extremes":  # the largest and smallest keys there are
+        keys[1:100:3], keys[2:200:5] = 0xFFFFFFFF, 1
+    elif case == "normals":
+        keys = order_keys(torch.randn(n, generator=gen))
     live = keys[keys > 0]
     assert live.numel() >= k
     out = torch.zeros(2, dtype=torch.int32)

@@ -6,10 +6,10 @@ total order. Keys of -inf (and anything below) are never picked.
 
 Both paths rest on one bound: any k distinct columns' keys bound the row's k-th largest key
 from below, so the k-th largest of the rows' group maxima (groups of disjoint columns) is a
-*floor*: every top-k column has key >= floor. With about 4k groups, ~1.2-1.6k columns lie
-above it on continuous data. The floor is found by a search over the maxima that starts
-below their common prefix and stops after FLOOR_BITS bits (a lower bound is all it needs)
-once at most FLOOR_LIMIT * k maxima reach it.
+*floor*: every top-k column has key >= floor. With about 4k groups, ~1.1-1.3k columns lie
+above it on continuous data. A lower bound is all it needs, so the search for it over the
+maxima stops once at most k + k / FLOOR_SLACK of them reach it (or FLOOR_LIMIT * k with
+FLOOR_BITS bits of their range resolved).
 
 One program per row (P = 1, `_topk_row_kernel`, one launch), rows cut into G-column
 *contiguous* groups (G = `group_columns(width, groups)`):
@@ -41,9 +41,10 @@ Either way exactly min(k, #finite values) distinct columns are written, then -1 
 when only some tied columns can be picked they are the tied columns of smallest index: equal
 inputs always give equal picks, whatever the path (a replayed graph must reproduce the eager
 answer). (NaN input is undefined by the contract; here a NaN ranks by its bits: +NaN above
-+inf, -NaN like -inf.) Every search resolves 2 bits per CTA-wide count (three trial
-thresholds counted in one packed int64 sum) and stops early once exactly k keys are at or
-above the threshold.
++inf, -NaN like -inf.) Every search counts three trial thresholds per CTA-wide sum (one
+packed int64): interpolated between the counts at the ends of a bracket around the k-th
+largest key (`_kth_largest_key`), or 2-bit digits in the whole-row select; each stops early
+once exactly k keys are at or above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
 7): P = 1 at 16 warps takes 31.3 us at k 512 and 44.5 at k 2048 (A/B runs at ef33dec), 4.0
@@ -76,16 +77,19 @@ from graphidx.ops.kernels.ptx import store_b32
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 """_order_key(-inf): every key <= this is never picked (a constexpr global for the kernels)."""
 
+FLOOR_SLACK = tl.constexpr(8)
+"""The floor search stops once at most k + k / FLOOR_SLACK group maxima reach the floor (on
+rows of normals after ~3.5 rounds at k 512, ~4 at 2048, BENCHMARKS.md session 8)."""
 FLOOR_BITS = tl.constexpr(12)
-"""Bits the floor search resolves below the keys' common prefix: a lower bound is enough.
-At 128 x 65536 (BENCHMARKS.md session 5) 12 bits measured 36.0 / 54.5 us (k 512 / 2048), 16
-bits 36.4 / 56.0, and 8 or 10 bits 665-683 us: the looser floor let more columns than CAP
-through and the whole-row select ran. FLOOR_LIMIT guards that cliff."""
 FLOOR_LIMIT = tl.constexpr(2)
-"""The floor search goes on past FLOOR_BITS while more than FLOOR_LIMIT * k group maxima reach
-the floor (rows whose maxima span a wide range, e.g. a negative one among positive ones, put
-the first differing bit high). At 128 x 65536 every row was below it after 12 bits (listed
-groups at most 779 of 1024 at k 512, 2406 of 4096 at k 2048), so those rows run as before."""
+"""...or once at most FLOOR_LIMIT * k maxima reach it and the bracket is down to 2**-FLOOR_BITS
+of the maxima's range (clustered maxima, e.g. a few values far apart, may not get under the
+slack soon). Both keep the candidates well under CAP = 2 * K_PAD on continuous data; a floor
+that let more through would send the row to the whole-row select, 18x slower (8-10 bits of
+the old radix floor did, BENCHMARKS.md session 5)."""
+BRACKET_SPREAD = tl.constexpr(8)
+"""Interpolated trials sit at the estimate and +- 1/BRACKET_SPREAD of the bracket from it
+(chosen over 16 and 32 by rounds counted on rows of normals, BENCHMARKS.md session 8)."""
 
 _COUNT_BITS = 21
 COUNT_BITS = tl.constexpr(_COUNT_BITS)
@@ -237,20 +241,27 @@ def _load_keys(src, col, inside, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _count_at_least(keys, threshold, shift):
-    """count(keys >= threshold | d << shift) for d = 1, 2, 3, in one packed int64 sum."""
-    trial = threshold | (tl.full([], 1, tl.uint32) << shift)
-    packed = (keys >= trial).to(tl.int64)
-    trial = threshold | (tl.full([], 2, tl.uint32) << shift)
-    packed += (keys >= trial).to(tl.int64) << COUNT_BITS
-    trial = threshold | (tl.full([], 3, tl.uint32) << shift)
-    packed += (keys >= trial).to(tl.int64) << THIRD_COUNT_AT
+def _count_at_least3(keys, t1, t2, t3):
+    """(count(keys >= t1), count(keys >= t2), count(keys >= t3)) in one packed int64 sum."""
+    packed = (keys >= t1).to(tl.int64)
+    packed += (keys >= t2).to(tl.int64) << COUNT_BITS
+    packed += (keys >= t3).to(tl.int64) << THIRD_COUNT_AT
     total = tl.sum(packed, axis=0)
     return (
         (total & COUNT_FIELD).to(tl.int32),
         ((total >> COUNT_BITS) & COUNT_FIELD).to(tl.int32),
         (total >> THIRD_COUNT_AT).to(tl.int32),
     )
+
+
+@triton.jit
+def _count_at_least(keys, threshold, shift):
+    """count(keys >= threshold | d << shift) for d = 1, 2, 3, in one packed int64 sum."""
+    one = tl.full([], 1, tl.uint32)
+    return _count_at_least3(
+        keys, threshold | (one << shift), threshold | (2 * one << shift),
+        threshold | (3 * one << shift),
+    )  # fmt: skip
 
 
 @triton.jit
@@ -277,52 +288,74 @@ def _key_range(keys):
 
 
 @triton.jit
-def _kth_largest_key(keys, k, limit, largest, smallest, live, MAX_BITS: tl.constexpr):
-    """(t, count(keys >= t)): a threshold t > 0 with count(keys >= t) >= k and count(keys >
-    t) <= k, keys uint32 (0 = never picked) whose `_key_range` is (largest, smallest, live),
-    assuming live >= k.
+def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, LOOSE_BITS: tl.constexpr):
+    """(t, count(keys >= t)): a threshold t > 0 with count(keys >= t) >= k, keys uint32 (0 =
+    never picked) whose `_key_range` is (largest, smallest, live), assuming live >= k.
 
-    Exact (t = the k-th largest key, or any t with exactly k keys >= t) when MAX_BITS >= 32;
-    with fewer bits, a lower bound of the k-th largest key with count(keys >= t) >= k only,
-    refined past MAX_BITS while more than `limit` keys are at or above it (so a wide range of
-    keys, e.g. one negative among positive ones, cannot leave it loose).
-    Only the bits below the highest bit where the smallest and largest nonzero keys differ
-    vary, so the search starts there (rounded to an even bit count), 2 bits per CTA-wide
-    count, and stops early once exactly k keys are at or above the threshold.
+    The search keeps a bracket [lo, hi] around the k-th largest key t*: count(keys >= lo) >=
+    k > count(keys > hi). Each CTA-wide count tests three trial thresholds inside it: around
+    where the counts at its ends place t* by linear interpolation (+- 1/BRACKET_SPREAD of the
+    bracket), or at its quarters from the first round that shrinks the bracket less than 4x
+    (data the interpolation misjudges, e.g. clusters); every round shrinks it. It stops once
+    count(keys >= lo) <= tight, or <= loose with the bracket cut to 2**-LOOSE_BITS of the
+    keys' range, or at lo = hi (lo = t*), and returns lo.
+    With tight = loose = k and LOOSE_BITS = 32 the result is exact: t = t*, or a t with
+    exactly k keys >= t, so count(keys > t) <= k. On a row of normals this takes about half
+    the rounds of a 2-bit radix search (BENCHMARKS.md session 8).
     """
-    differ = largest ^ smallest
-    # floor(log2(differ)), or one more when the float conversion rounds up: either way a
-    # bit at or above the highest differing one.
-    top = (differ.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
-    top = tl.minimum(tl.where(differ == 0, 0, top), 31)
-    span = (top + 2) // 2 * 2
-    below = (tl.full([], 2, tl.uint32) << (span - 1)) - 1
-    threshold = largest & ~below
-    count = live  # every nonzero key shares the prefix, so reaches the threshold
-    shift = span - 2
-    last = tl.maximum(span - MAX_BITS, 0)
-    while (shift >= 0) & (count != k) & ((shift >= last) | (count > limit)):
-        c1, c2, c3 = _count_at_least(keys, threshold, shift)
-        threshold, count = _take_digit(threshold, count, c1, c2, c3, k, shift)
-        shift -= 2
-    # t = 0 only when exactly k keys are live and their prefix is 0: 1 is as good (no key
-    # is 1: keys at or below KEY_NEG_INF are 0).
-    return tl.maximum(threshold, 1), count
+    lo = smallest
+    hi = largest
+    count_lo = live  # count(keys >= lo)
+    count_hi = live * 0  # count(keys > hi)
+    if LOOSE_BITS < 32:  # noqa: SIM108 (a constexpr branch: a 32-bit shift is undefined)
+        loose_width = (hi - lo) >> LOOSE_BITS
+    else:
+        loose_width = tl.zeros([], tl.uint32)
+    quarters = live < 0  # false
+    while (lo < hi) & (count_lo > tight) & ((count_lo > loose) | (hi - lo > loose_width)):
+        # Trial offsets from lo, in (0, width]: scalar float math (inexact is fine, any trial
+        # inside the bracket is a valid one), clamped after the conversion. lo >= 1, so
+        # width + 1 fits in 32 bits.
+        width = hi - lo
+        span = (width + 1).to(tl.float32)
+        # Where t* would sit if the keys in the bracket were spread evenly.
+        share = tl.fdiv((count_lo - k).to(tl.float32), (count_lo - count_hi).to(tl.float32))
+        center = tl.where(quarters, 0.5, share) * span
+        step = tl.where(quarters, 0.25, 1.0 / BRACKET_SPREAD) * span
+        t1 = lo + _offset_in(center - step, width)
+        t2 = lo + _offset_in(center, width)
+        t3 = lo + _offset_in(center + step, width)
+        c1, c2, c3 = _count_at_least3(keys, t1, t2, t3)
+        # The highest trial still reaching k becomes lo, the next one up bounds hi.
+        hi = tl.where(c3 >= k, hi, tl.where(c2 >= k, t3, tl.where(c1 >= k, t2, t1)) - 1)
+        count_hi = tl.where(c3 >= k, count_hi, tl.where(c2 >= k, c3, tl.where(c1 >= k, c2, c1)))
+        lo = tl.where(c3 >= k, t3, tl.where(c2 >= k, t2, tl.where(c1 >= k, t1, lo)))
+        count_lo = tl.where(c3 >= k, c3, tl.where(c2 >= k, c2, tl.where(c1 >= k, c1, count_lo)))
+        quarters = quarters | (hi - lo > width // 4)
+    return lo, count_lo
+
+
+@triton.jit
+def _offset_in(offset, width):
+    """A float offset as a uint32 in [1, width] (width >= 1)."""
+    whole = tl.minimum(tl.maximum(offset, 1.0), 4294967040.0).to(tl.uint32)
+    return tl.minimum(whole, width)
 
 
 @triton.jit
 def _row_floor(group_max, k):
     """(floor, count(group_max >= floor)): a lower bound of the row's k-th largest key from
     its group maxima (KEY_NEG_INF when fewer than k groups hold a finite value: then every
-    finite column is a candidate): the search resolves FLOOR_BITS bits, then more while over
-    FLOOR_LIMIT * k maxima reach it."""
+    finite column is a candidate): the search stops once at most k + k / FLOOR_SLACK maxima
+    reach it, or FLOOR_LIMIT * k with FLOOR_BITS bits of their range resolved."""
     largest, smallest, live = _key_range(group_max)
     floor = KEY_NEG_INF + tl.zeros([], tl.uint32)
     reaching = live
     if live >= k:
         floor, reaching = _kth_largest_key(
-            group_max, k, FLOOR_LIMIT * k, largest, smallest, live, FLOOR_BITS
-        )
+            group_max, k, k + k // FLOOR_SLACK, FLOOR_LIMIT * k, largest, smallest, live,
+            FLOOR_BITS,
+        )  # fmt: skip
         # Finite keys are above KEY_NEG_INF, so raising the floor to it drops no live key.
         floor = tl.maximum(floor, KEY_NEG_INF)
     return floor, reaching
@@ -537,7 +570,7 @@ def _select(
         col = tl.load(candidates + slot, mask=inside, other=0, cache_modifier=".cg")
         key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
         largest, smallest, live = _key_range(key)
-        threshold, reaching = _kth_largest_key(key, k, k, largest, smallest, live, 32)
+        threshold, reaching = _kth_largest_key(key, k, k, k, largest, smallest, live, 32)
         if (reaching > k) & (ORDERED == 0):
             _select_from_row(src, n, k, dst, FALLBACK_STEP)
         else:
