@@ -47,13 +47,11 @@ largest key (`_kth_largest_key`), or 2-bit digits in the whole-row select; each 
 once exactly k keys are at or above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
-7): P = 1 at 16 warps takes 31.3 us at k 512 and 44.5 at k 2048 (A/B runs at ef33dec), 4.0
-and 5.7 times one read of the logits (7.8 us at 4.3 TB/s). Per phase at 1164dde's kernels
-(tools/device_topk_phases.py, two runs, k 512 / k 2048): streaming maxima 13.3-13.6 / 13.5
-us (a bare streaming row max with this grid: 13.0), floor and list 6.7-6.8 / 11.2-11.5,
-collect 6.1-6.2 / 8.2, select 5.5-5.8 / 14.7-14.8; in the second run the select split into
-candidate gather 0.8 / 2.2, exact search 2.9 / 7.2 and writing 1.8 / 5.3, which ef33dec
-cut by ~0.7 / ~3 us.
+8): P = 1 at 16 warps takes 29.8 us at k 512 and 40.3-40.7 at k 2048 (A/B and bench at
+aa8ff0e), 3.8 and 5.2 times one read of the logits (7.8 us at 4.3 TB/s). Per phase
+(tools/device_topk_phases.py --quick, k 512 / k 2048): group maxima 13.5 us (a bare
+streaming row max with this grid: 13.1), floor and list 6.3 / 10.0, collect 5.2 / 8.1,
+select 5.3 / 9.3 (candidate gather 0.6 / 2.2, exact search 3.1 / 4.4, writing 1.6 / 2.7).
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
