@@ -1,7 +1,7 @@
 """H200 script: how stable are the Triton top-k timings on one fixed input?
 
     python tools/device_topk_timing.py [--repeat 8] [--k 512] [--once]
-    python tools/device_topk_timing.py --sweep [--k 512]
+    python tools/device_topk_timing.py --sweep [--k 512] [--sweep-groups 2048,4096 ...]
     python tools/device_topk_timing.py --span [--k 512]
 
 The top-k rows of `graphidx bench` move by up to 2x between runs on the same seeded input,
@@ -57,16 +57,22 @@ SWEEP_CHUNKS = (4096, 8192, 16384)
 SWEEP_WARPS = (8, 16)
 
 
-def sweep(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> bool:
-    """Time every P = 1 config of the sweep grid at this k; True when all picks are right."""
+def sweep(
+    logits: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    grid: tuple[tuple[int, ...], ...] = (SWEEP_GROUPS, SWEEP_CHUNKS, SWEEP_WARPS),
+) -> bool:
+    """Time every P = 1 config of the sweep grid (groups, chunks, warps) at this k; True
+    when all picks are right."""
     want = torch.topk(logits, k, dim=1).values.sort(dim=1).values
     out = torch.full((ROWS, k), -1, dtype=torch.int32, device=logits.device)
     results = []
     right = True
     base = triton_topk.split_config(k, 1)
-    for groups in SWEEP_GROUPS:
-        for chunk in SWEEP_CHUNKS:
-            for warps in SWEEP_WARPS:
+    for groups in grid[0]:
+        for chunk in grid[1]:
+            for warps in grid[2]:
                 if groups < next_power_of_2(k):
                     continue
                 config = dataclasses.replace(base, groups=groups, chunk=chunk, num_warps=warps)
@@ -117,7 +123,16 @@ def main() -> int:
     )
     parser.add_argument("--sweep", action="store_true", help="P = 1 config grid, graph replays")
     parser.add_argument("--span", action="store_true", help="maxima across the sign bit")
+    for name, values in (("groups", SWEEP_GROUPS), ("chunks", SWEEP_CHUNKS),
+                         ("warps", SWEEP_WARPS)):  # fmt: skip
+        parser.add_argument(
+            f"--sweep-{name}", default=",".join(map(str, values)), help=f"--sweep's {name}"
+        )
     args = parser.parse_args()
+    grid = tuple(
+        tuple(int(v) for v in getattr(args, f"sweep_{name}").split(","))
+        for name in ("groups", "chunks", "warps")
+    )
     device = torch.device("cuda")
     torch.manual_seed(0)
     logits = torch.randn(ROWS, WIDTH, device=device)
@@ -125,7 +140,7 @@ def main() -> int:
     if args.span:
         return 0 if all([span(logits, lengths, k) for k in args.k or (512, 2048)]) else 1
     if args.sweep:
-        return 0 if all([sweep(logits, lengths, k) for k in args.k or (512, 2048)]) else 1
+        return 0 if all([sweep(logits, lengths, k, grid) for k in args.k or (512, 2048)]) else 1
     same = True
     for k in args.k or (512, 2048):
         configs = configs_for(k)

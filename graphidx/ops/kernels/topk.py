@@ -47,9 +47,9 @@ largest key (`_kth_largest_key`), or 2-bit digits in the whole-row select; each 
 once exactly k keys are at or above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
-8): P = 1 at 16 warps takes 29.8 us at k 512 and 40.3-40.7 at k 2048 (A/B and bench at
-aa8ff0e), 3.8 and 5.2 times one read of the logits (7.8 us at 4.3 TB/s). Per phase
-(tools/device_topk_phases.py --quick, k 512 / k 2048): group maxima 13.5 us (a bare
+8): P = 1 at 16 warps takes 29.2 us at k 512 and 40.0 at k 2048 (A/B), 3.7 and 5.1 times
+one read of the logits (7.8 us at 4.3 TB/s). Per phase at aa8ff0e, before the last ~0.4
+us (tools/device_topk_phases.py --quick, k 512 / k 2048): group maxima 13.5 us (a bare
 streaming row max with this grid: 13.1), floor and list 6.3 / 10.0, collect 5.2 / 8.1,
 select 5.3 / 9.3 (candidate gather 0.6 / 2.2, exact search 3.1 / 4.4, writing 1.6 / 2.7).
 
@@ -311,18 +311,17 @@ def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, LOOSE_BITS:
         loose_width = tl.zeros([], tl.uint32)
     quarters = live < 0  # false
     while (lo < hi) & (count_lo > tight) & ((count_lo > loose) | (hi - lo > loose_width)):
-        # Trial offsets from lo, in (0, width]: scalar float math (inexact is fine, any trial
-        # inside the bracket is a valid one), clamped after the conversion. lo >= 1, so
-        # width + 1 fits in 32 bits.
+        # Trials in (lo, hi]: the middle one from scalar float math (inexact is fine, any
+        # trial inside the bracket is a valid one), the others a step to either side, cut
+        # at the bracket's ends. lo >= 1, so width + 1 fits in 32 bits.
         width = hi - lo
         span = (width + 1).to(tl.float32)
         # Where t* would sit if the keys in the bracket were spread evenly.
         share = tl.fdiv((count_lo - k).to(tl.float32), (count_lo - count_hi).to(tl.float32))
-        center = tl.where(quarters, 0.5, share) * span
-        step = tl.where(quarters, 0.25, 1.0 / BRACKET_SPREAD) * span
-        t1 = lo + _offset_in(center - step, width)
-        t2 = lo + _offset_in(center, width)
-        t3 = lo + _offset_in(center + step, width)
+        t2 = lo + _offset_in(tl.where(quarters, 0.5, share) * span, width)
+        step = tl.where(quarters, width // 4, width // BRACKET_SPREAD)
+        t1 = t2 - tl.minimum(step, t2 - lo - 1)
+        t3 = t2 + tl.minimum(step, hi - t2)
         c1, c2, c3 = _count_at_least3(keys, t1, t2, t3)
         # The highest trial still reaching k becomes lo, the next one up bounds hi.
         hi = tl.where(c3 >= k, hi, tl.where(c2 >= k, t3, tl.where(c1 >= k, t2, t1)) - 1)
