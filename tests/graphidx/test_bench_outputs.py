@@ -32,7 +32,7 @@ def sample_results() -> list[CaseResult]:
 
 def test_kernels_json_round_trips(tmp_path: Path) -> None:
     results = sample_results()
-    ceilings = Ceilings(measured_copy_bytes_per_s=4.2e12)
+    ceilings = Ceilings(measured_copy_bytes_per_s=4.2e12, measured_tiny_kernel_us=4.6)
     written = write_outputs(results, ceilings, tmp_path, {"device": "test"})
     assert written[0] == tmp_path / "kernels.json"
     payload = json.loads(written[0].read_text())
@@ -41,6 +41,16 @@ def test_kernels_json_round_trips(tmp_path: Path) -> None:
     assert got == results  # every field, the variant flag included
     assert got_ceilings == ceilings
     assert meta == {"device": "test"}
+
+
+def test_kernels_json_of_an_earlier_run_still_reads(tmp_path: Path) -> None:
+    # Runs before the tiny-kernel calibration wrote no such ceiling: it reads back as None.
+    written = write_outputs(sample_results(), Ceilings(), tmp_path, {})
+    payload = json.loads(written[0].read_text())
+    del payload["ceilings"]["measured_tiny_kernel_us"]
+    written[0].write_text(json.dumps(payload))
+    _, ceilings, _ = read_outputs(written[0])
+    assert ceilings.measured_tiny_kernel_us is None
 
 
 def test_plot_label_names_the_heads_only_when_the_shape_starts_with_them() -> None:
