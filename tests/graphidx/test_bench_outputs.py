@@ -43,14 +43,17 @@ def test_kernels_json_round_trips(tmp_path: Path) -> None:
     assert meta == {"device": "test"}
 
 
-def test_kernels_json_of_an_earlier_run_still_reads(tmp_path: Path) -> None:
-    # Runs before the tiny-kernel calibration wrote no such ceiling: it reads back as None.
-    written = write_outputs(sample_results(), Ceilings(), tmp_path, {})
+def test_kernels_json_of_another_version_still_reads(tmp_path: Path) -> None:
+    # Runs before the tiny-kernel calibration wrote no such ceiling: it reads back as None;
+    # a ceiling this version does not know (a later one's) is left out.
+    written = write_outputs(sample_results(), Ceilings(measured_tiny_kernel_us=4.6), tmp_path, {})
     payload = json.loads(written[0].read_text())
     del payload["ceilings"]["measured_tiny_kernel_us"]
+    payload["ceilings"]["measured_something_new"] = 1.0
     written[0].write_text(json.dumps(payload))
     _, ceilings, _ = read_outputs(written[0])
     assert ceilings.measured_tiny_kernel_us is None
+    assert ceilings.copy_bytes_per_s == Ceilings().copy_bytes_per_s
 
 
 def test_plot_label_names_the_heads_only_when_the_shape_starts_with_them() -> None:

@@ -476,14 +476,14 @@ def test_dense_logits_mma_shaped_tile_loads(
 def test_dense_logits_halves(gen: torch.Generator, kind: str) -> None:
     """`LogitsConfig.halves`: each tile's two MMAs over the first and the second half of the
     row block give the reference's logits and block scores (decode next_n 4 with 2-row
-    halves, with the register prefetch, on the static grid and through a schedule; prefill
-    blocks of 4 rows over seqs of 5 / 0 / 9 rows)."""
+    halves on the static grid and through a schedule; prefill blocks of 4 rows over seqs of
+    5 / 0 / 9 rows; all with the register prefetch)."""
     from graphidx.ops.kernels.logits import LogitsConfig
     from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
 
     decode = kind != "qsl"
     config = LogitsConfig(block_n=64, block_r=4, num_warps=4, num_stages=1, max_registers=None,
-                          prefetch=decode, halves=True)  # fmt: skip
+                          prefetch=True, halves=True)  # fmt: skip
     schedule = None
     if decode:
         contexts, next_n = [150, 64, 3], 4
@@ -541,12 +541,15 @@ def test_dense_default_config_at_128_columns(gen: torch.Generator) -> None:
             assert_logits_match(got_bs[r, :written], want_bs[r, :written])
 
 
-def test_dense_prefill_mma_shaped_tile_loads(gen: torch.Generator) -> None:
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_dense_prefill_mma_shaped_tile_loads(gen: torch.Generator, prefetch: bool) -> None:
     """Prefill row blocks (query_start_loc, seqs of 5 / 0 / 9 rows) through the operand-layout
-    loads: unaligned seq heads, causal ends inside and on tile boundaries."""
+    loads, with and without the register prefetch (the GPU default since session 8):
+    unaligned seq heads, causal ends inside and on tile boundaries."""
     from graphidx.ops.kernels.logits import LogitsConfig, uses_mma_rows
 
-    config = LogitsConfig(block_n=64, block_r=4, num_warps=4, num_stages=1, max_registers=None)
+    config = LogitsConfig(block_n=64, block_r=4, num_warps=4, num_stages=1, max_registers=None,
+                          prefetch=prefetch)  # fmt: skip
     assert uses_mma_rows(config, 64)
     rows, _, extra = grouping("qsl", [5, 0, 9])
     contexts = [131, 40, 192]

@@ -376,18 +376,25 @@ def test_floor_stays_tight_when_the_maxima_span_the_sign_bit(gen: torch.Generato
     assert floor <= int(torch.sort(keys, descending=True).values[k - 1])
 
 
-def test_floor_on_normal_maxima_is_within_the_slack(gen: torch.Generator) -> None:
-    # Maxima of 16 normals per group, as the P = 1 path sees them at k 512 (4096 groups):
-    # the interpolating search gets the floor under k + k / FLOOR_SLACK maxima.
+def test_floor_on_normal_maxima_is_mostly_within_the_slack(gen: torch.Generator) -> None:
+    # Maxima of 16 |normals| per group, as the P = 1 path sees them at k 512 (4096 groups),
+    # 6 rows: every floor is a lower bound reached by at most FLOOR_LIMIT * k maxima (the
+    # contract), and the interpolating search gets most under k + k / FLOOR_SLACK (what the
+    # speed rests on; the FLOOR_BITS exit may end a row's search a little above it).
     k, groups = 512, 4096
-    keys = order_keys(torch.randn(groups, 16, generator=gen)).amax(dim=1)
-    maxima = (keys - (1 << 32) * (keys >= 1 << 31)).to(torch.int32)
-    out = torch.zeros(2, dtype=torch.int32)
-    _floor_kernel[(1,)](maxima, out, k, NG=groups)
-    floor = int(out[0]) & 0xFFFFFFFF
-    assert int(out[1]) == int((keys >= floor).sum())
-    assert k <= int(out[1]) <= k + k // topk_kernels.FLOOR_SLACK.value
-    assert floor <= int(torch.sort(keys, descending=True).values[k - 1])
+    slack = k + k // topk_kernels.FLOOR_SLACK.value
+    within = 0
+    for _ in range(6):
+        keys = order_keys(torch.randn(groups, 16, generator=gen).abs()).amax(dim=1)
+        maxima = (keys - (1 << 32) * (keys >= 1 << 31)).to(torch.int32)
+        out = torch.zeros(2, dtype=torch.int32)
+        _floor_kernel[(1,)](maxima, out, k, NG=groups)
+        floor = int(out[0]) & 0xFFFFFFFF
+        assert int(out[1]) == int((keys >= floor).sum())
+        assert k <= int(out[1]) <= topk_kernels.FLOOR_LIMIT.value * k
+        assert floor <= int(torch.sort(keys, descending=True).values[k - 1])
+        within += int(out[1]) <= slack
+    assert within >= 5
 
 
 @triton.jit
@@ -402,7 +409,16 @@ def _kth_kernel(keys_ptr, out_ptr, k, N: tl.constexpr):
 
 @pytest.mark.parametrize(
     "case",
-    ["random", "few bits", "exactly k live", "one value", "two clusters", "extremes", "normals"],
+    [
+        "random",
+        "few bits",
+        "exactly k live",
+        "one value",
+        "two clusters",
+        "extremes",
+        "extremes only",
+        "normals",
+    ],
 )
 def test_exact_search_threshold_and_count(gen: torch.Generator, case: str) -> None:
     """t is the k-th largest nonzero key (or a t with exactly k keys >= it), t > 0, and the
@@ -418,11 +434,14 @@ def test_exact_search_threshold_and_count(gen: torch.Generator, case: str) -> No
         keys[keys.nonzero()[k:]] = 0
     elif case == "one value":
         keys[:] = 0x3F800000
-    elif case == "two clusters":  # ~40 keys near the top, the rest near the bottom
+    elif case == "two clusters":  # fewer than k live keys near the top, the rest near 1
         keys = torch.where(keys % 7 == 0, 0xFFFFFF00 + keys % 200, 1 + keys % 1000)
         keys[::9] = 0
-    elif case == "extremes":  # the largest and smallest keys there are
+    elif case == "extremes":  # the largest and smallest keys there are, around mid-range ones
         keys[1:100:3], keys[2:200:5] = 0xFFFFFFFF, 1
+    elif case == "extremes only":  # t* = 1: k - 3 keys at the top, the rest at 1
+        keys[keys > 0] = 1
+        keys[keys.nonzero()[: k - 3]] = 0xFFFFFFFF
     elif case == "normals":
         keys = order_keys(torch.randn(n, generator=gen))
     live = keys[keys > 0]

@@ -16,8 +16,8 @@ One program per row (P = 1, `_topk_row_kernel`, one launch), rows cut into G-col
 1. *Maxima.* One streaming pass writes each group's max key to scratch (two steps' loads in
    flight while a step is reduced; stores made from the reduction's layout).
 2. *List.* The floor from the maxima, then the groups whose max is >= floor listed in
-   ascending order: they hold every column >= floor (~k groups, a quarter of a 65536-column
-   row at k 512 or 2048).
+   ascending order: they hold every column >= floor (~k groups: 13% of a 65536-column row of
+   normals at k 512, 27% at 2048).
 3. *Collect.* Only the listed groups are read again (from L2): columns > floor go to the
    candidate buffer (CAP = 2 * K_PAD entries), columns == floor to the tie buffer (K_PAD),
    numbered by one prefix sum per step, so both buffers hold their columns in column order.
@@ -78,13 +78,18 @@ KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 FLOOR_SLACK = tl.constexpr(8)
 """The floor search stops once at most k + k / FLOOR_SLACK group maxima reach the floor (on
 rows of normals after ~3.5 rounds at k 512, ~4 at 2048, BENCHMARKS.md session 8)."""
-FLOOR_BITS = tl.constexpr(12)
 FLOOR_LIMIT = tl.constexpr(2)
 """...or once at most FLOOR_LIMIT * k maxima reach it and the bracket is down to 2**-FLOOR_BITS
-of the maxima's range (clustered maxima, e.g. a few values far apart, may not get under the
-slack soon). Both keep the candidates well under CAP = 2 * K_PAD on continuous data; a floor
-that let more through would send the row to the whole-row select, 18x slower (8-10 bits of
-the old radix floor did, BENCHMARKS.md session 5)."""
+of the maxima's range (clustered maxima, e.g. a few values far apart or maxima on both sides
+of zero, may not get under the slack soon), or once the bracket is one key (ties at the
+floor can leave any count). The columns at or above the floor must fit CAP = 2 * K_PAD, or
+the row takes the whole-row select, 18x slower (8-10 bits of the old radix floor did that,
+BENCHMARKS.md session 5); at 128 x 65536 normals the floors measured leave 572 / 2532
+candidates at k 512 / 2048, but a floor reached by FLOOR_LIMIT alone could leave more than
+CAP (2k maxima plus their groups' other columns above it)."""
+FLOOR_BITS = tl.constexpr(12)
+"""Bits of the maxima's range the bracket must resolve before FLOOR_LIMIT ends the search
+(12 measured 36.0 / 54.5 us with the old radix floor at k 512 / 2048, 16 bits 36.4 / 56.0)."""
 BRACKET_SPREAD = tl.constexpr(8)
 """Interpolated trials sit at the estimate and +- 1/BRACKET_SPREAD of the bracket from it
 (chosen over 16 and 32 by rounds counted on rows of normals, BENCHMARKS.md session 8)."""
@@ -293,13 +298,15 @@ def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, LOOSE_BITS:
     The search keeps a bracket [lo, hi] around the k-th largest key t*: count(keys >= lo) >=
     k > count(keys > hi). Each CTA-wide count tests three trial thresholds inside it: around
     where the counts at its ends place t* by linear interpolation (+- 1/BRACKET_SPREAD of the
-    bracket), or at its quarters from the first round that shrinks the bracket less than 4x
-    (data the interpolation misjudges, e.g. clusters); every round shrinks it. It stops once
+    bracket), or at its quarters in every round after one that shrank the bracket less than
+    4x (data the interpolation misjudges, e.g. clusters); every round shrinks it. It stops once
     count(keys >= lo) <= tight, or <= loose with the bracket cut to 2**-LOOSE_BITS of the
     keys' range, or at lo = hi (lo = t*), and returns lo.
     With tight = loose = k and LOOSE_BITS = 32 the result is exact: t = t*, or a t with
-    exactly k keys >= t, so count(keys > t) <= k. On a row of normals this takes about half
-    the rounds of a 2-bit radix search (BENCHMARKS.md session 8).
+    exactly k keys >= t, so count(keys > t) <= k. On rows of normals this takes ~4 rounds
+    where a 2-bit radix search took 6-6.4 (k 512) and 10.7 (the select at k 2048); on
+    clustered or tie-heavy keys up to ~18, where the radix search took at most 16
+    (BENCHMARKS.md session 8).
     """
     lo = smallest
     hi = largest
