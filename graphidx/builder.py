@@ -156,9 +156,11 @@ class IndexerMetadataBuilder:
             "cu_seqlen_ks": buffer(rows),
             "cu_seqlen_ke": buffer(rows),
             "prefill_row_ends": buffer(rows),
-            # Each kept chunk holds num_reqs + 1 offsets: every prefill request lies in one
-            # single-launch group, and only single-request groups are cut into several chunks.
-            "chunk_query_start_loc": buffer(reqs + rows),
+            # Each kept chunk holds num_reqs + 1 offsets. A group of g >= 2 requests is one
+            # chunk (g + 1 <= 1.5 g offsets); only a single-request group is cut, into chunks
+            # of >= 1 row (2 offsets each: up to 2 per row when the logits budget allows one
+            # row per launch). So 1.5 reqs + 2 rows at most.
+            "chunk_query_start_loc": buffer(2 * (reqs + rows)),
             "context_cumsum": buffer(reqs + 1, torch.int64),
             "decode_row_index": buffer(2 * rows),
             "prefill_row_index": buffer(3 * rows),

@@ -212,7 +212,7 @@ def test_buffers_sized_at_their_maximum() -> None:
     assert buffers["block_ends"].shape == (rows,)
     assert buffers["context_lens"].shape == (reqs,)
     assert buffers["cu_seqlen_ks"].shape == (rows,) and buffers["cu_seqlen_ke"].shape == (rows,)
-    assert buffers["chunk_query_start_loc"].shape == (reqs + rows,)
+    assert buffers["chunk_query_start_loc"].shape == (2 * (reqs + rows),)
     assert all(b.device.type == "cpu" for b in buffers.values())
     assert "block_ends" not in IndexerMetadataBuilder(DENSE, "cpu").buffers()
 
@@ -334,6 +334,17 @@ def test_gather_launches_join_a_request_cut_across_chunks(gen: torch.Generator) 
         assert launch.row_ends.tolist() == expected
         assert launch.block_table.tolist() == batch.block_table[1:2].tolist()
         assert launch.context_lens.tolist() == [1000]
+
+
+def test_one_row_chunks_fit_the_chunk_offsets_buffer(gen: torch.Generator) -> None:
+    # A logits budget of one fp32 per launch cuts every prefill request into one-row chunks,
+    # each holding 2 local offsets: 2 * rows of them, more than reqs + rows.
+    config = CANDIDATE.replace(max_logits_bytes=4)
+    builder = _poisoned(CandidateIndexerMetadataBuilder(config, "cpu"))
+    batch = _batch(config, [1, 300, 200], [50, 2000, 1500], gen)
+    meta = builder.build(batch)
+    assert len(meta.chunks) == 500 and all(c.num_rows == 1 for c in meta.chunks)
+    _check_against_brute_force(config, batch, meta)
 
 
 def test_buffer_addresses_never_change(gen: torch.Generator) -> None:

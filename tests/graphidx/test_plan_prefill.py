@@ -144,7 +144,7 @@ class Buffers:
         self.staging = torch.empty(3 * rows, dtype=torch.int32)
         self.scratch = torch.empty(3 * rows, dtype=torch.int32)
         self.pairs = torch.empty(2 * rows, dtype=torch.int64)
-        self.local_qsl = torch.empty(reqs + rows, dtype=torch.int32)
+        self.local_qsl = torch.empty(2 * (reqs + rows), dtype=torch.int32)  # as the builder
         self.row_ends = torch.empty(rows, dtype=torch.int32)
         self.block_ends = torch.empty(rows, dtype=torch.int32)
         for t in vars(self).values():
@@ -370,7 +370,7 @@ def test_plan_errors(gen: torch.Generator) -> None:
         _plans(step, [chunk(0, 4, 1, 2)], None, 0, None)
     with pytest.raises(ValueError, match=r"do not start inside its requests \[1, 2\)"):
         _plans(step, [chunk(2, 6, 1, 1)], None, 0, None)
-    small = Buffers(rows=16, reqs=0)
+    small = Buffers(rows=8, reqs=0)
     with pytest.raises(ValueError, match="query_start_loc_out has 16 entries, 18 needed"):
         _plans(step, [chunk(0, 4, 0, 1)] * 9, small, 0, None)
 
