@@ -149,6 +149,16 @@ def test_k_equal_to_and_wider_than_the_row(gen: torch.Generator, split: int) -> 
     run(logits, lengths, 100, small_config(100, split, groups=64))
 
 
+@pytest.mark.parametrize("width", [1, 2, 3, 5])
+def test_rows_of_fewer_groups_than_a_list_run(gen: torch.Generator, width: int) -> None:
+    # One column per group: 1, 2, 4 and 8 padded groups, so the list is numbered in runs of
+    # 1 (fewer than 4 groups) as well as 4 (`_list_groups`).
+    logits = torch.randn(3, width, generator=gen)
+    lengths = torch.tensor([width, width - 1, 0], dtype=torch.int32)
+    for k in {1, max(1, width - 1), width}:
+        run(logits, lengths, k, None)
+
+
 def crowded_rows(gen: torch.Generator, width: int, groups: int) -> torch.Tensor:
     """The top keys crowded into a few groups: more candidates than CAP (the row fallback)."""
     rows = torch.randn(4, width, generator=gen) - 10.0

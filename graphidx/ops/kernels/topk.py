@@ -632,8 +632,15 @@ def _list_groups(maxima, n, k, group_list, G: tl.constexpr, NG_PAD: tl.constexpr
     group_max = tl.load(maxima + group, mask=live, other=0, cache_modifier=".cg")
     group_max = group_max.to(tl.uint32, bitcast=True)
     floor, listed_count = _row_floor(group_max, k)
-    listed = (group_max >= floor).to(tl.int32)
-    tl.store(group_list + tl.cumsum(listed, axis=0) - 1, group, mask=listed != 0)
+    # Numbered as runs of RUN adjacent groups (a prefix sum within each run, one across the
+    # runs' counts): a prefix sum over the flat maxima compiled to 16 warp-wide scans per
+    # thread at 8192 groups (1329 -> 546 SASS instructions from the floor search to the
+    # collect loop at k 2048, 721 -> 302 at k 512).
+    RUN: tl.constexpr = 1 + 3 * (NG_PAD >= 4)
+    listed = tl.reshape((group_max >= floor).to(tl.int32), [NG_PAD // RUN, RUN])
+    run_count = tl.sum(listed, axis=1)
+    slot = (tl.cumsum(run_count, axis=0) - run_count)[:, None] + tl.cumsum(listed, axis=1) - listed
+    tl.store(group_list + slot, tl.reshape(group, [NG_PAD // RUN, RUN]), mask=listed != 0)
     return floor, listed_count
 
 
