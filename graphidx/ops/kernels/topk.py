@@ -249,7 +249,7 @@ def _count_at_least3(keys, t1, t2, t3):
     packed = (keys >= t1).to(tl.int64)
     packed += (keys >= t2).to(tl.int64) << COUNT_BITS
     packed += (keys >= t3).to(tl.int64) << THIRD_COUNT_AT
-    total = tl.sum(packed, axis=0)
+    total = tl.sum(packed)
     return (
         (total & COUNT_FIELD).to(tl.int32),
         ((total >> COUNT_BITS) & COUNT_FIELD).to(tl.int32),
@@ -286,8 +286,9 @@ def _max_min_count(a_max, a_min, a_count, b_max, b_min, b_count):
 def _key_range(keys):
     """(largest, smallest nonzero, count of nonzero) of uint32 keys in one CTA-wide pass
     (smallest 0xFFFFFFFF when none is nonzero)."""
-    live = keys > 0
-    return tl.reduce((keys, tl.where(live, keys, 0xFFFFFFFF), live.to(tl.int32)), 0, _max_min_count)
+    flat = tl.reshape(keys, [keys.numel])
+    live = flat > 0
+    return tl.reduce((flat, tl.where(live, flat, 0xFFFFFFFF), live.to(tl.int32)), 0, _max_min_count)
 
 
 @triton.jit
@@ -474,23 +475,34 @@ def _collect(
 
 
 @triton.jit
+def _run_prefix(x):
+    """(exclusive prefix sum of x in row-major order, total) for a 2-D [runs, RUN] tensor:
+    a prefix sum within each run plus one across the run totals. Triton scans a flat tensor
+    as one warp-wide scan per element a thread holds (16 per thread at 8192 elements); this
+    form keeps the runs in the loads' layout (`_list_groups`, `_emit_selection`)."""
+    run_total = tl.sum(x, axis=1)
+    prefix = (tl.cumsum(run_total, axis=0) - run_total)[:, None] + tl.cumsum(x, axis=1) - x
+    return prefix, tl.sum(run_total, axis=0)
+
+
+@triton.jit
 def _emit_selection(key, col, threshold, k, dst):
     """Write the columns with key > threshold, then equal ones up to k in total (each kind in
-    column order). Both are numbered by one prefix sum, their counts packed in 16-bit halves
-    when there are fewer than 65536 keys (a power of two, so at most 32768: every rank fits
-    below bit 15 of its half); else one prefix sum each."""
+    column order; key and col are [runs, RUN] in row-major column order). Both are numbered
+    by one prefix sum, their counts packed in 16-bit halves when there are fewer than 65536
+    keys (a power of two, so at most 32768: every rank fits below bit 15 of its half); else
+    one prefix sum each."""
     above = (key > threshold).to(tl.int32)
     tied = (key == threshold).to(tl.int32)
-    if key.shape[0] < 65536:
-        packed = above + (tied << 16)
-        rank = tl.cumsum(packed, axis=0) - packed
-        above_count = tl.sum(packed, axis=0) & 0xFFFF
+    if key.shape[0] * key.shape[1] < 65536:
+        rank, total = _run_prefix(above + (tied << 16))
+        above_count = total & 0xFFFF
         slot_above = rank & 0xFFFF
         slot_tied = above_count + (rank >> 16)
     else:
-        above_count = tl.sum(above, axis=0)
-        slot_above = tl.cumsum(above, axis=0) - above
-        slot_tied = above_count + tl.cumsum(tied, axis=0) - tied
+        slot_above, above_count = _run_prefix(above)
+        slot_tied, _ = _run_prefix(tied)
+        slot_tied += above_count
     tl.store(dst + slot_above, col, mask=above != 0)
     tl.store(dst + slot_tied, col, mask=(tied != 0) & (slot_tied < k))
 
@@ -569,7 +581,8 @@ def _select(
                           other=-1, cache_modifier=".cg")  # fmt: skip
             tl.store(dst + slot, tl.where(slot < above_total, picked, tie), mask=slot < k)
     elif above_total <= CAP:
-        slot = tl.arange(0, CAP)
+        RUN: tl.constexpr = 1 + 3 * (CAP >= 4)
+        slot = tl.arange(0, CAP // RUN)[:, None] * RUN + tl.arange(0, RUN)[None, :]
         inside = slot < above_total
         col = tl.load(candidates + slot, mask=inside, other=0, cache_modifier=".cg")
         key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
@@ -632,14 +645,11 @@ def _list_groups(maxima, n, k, group_list, G: tl.constexpr, NG_PAD: tl.constexpr
     group_max = tl.load(maxima + group, mask=live, other=0, cache_modifier=".cg")
     group_max = group_max.to(tl.uint32, bitcast=True)
     floor, listed_count = _row_floor(group_max, k)
-    # Numbered as runs of RUN adjacent groups (a prefix sum within each run, one across the
-    # runs' counts): a prefix sum over the flat maxima compiled to 16 warp-wide scans per
-    # thread at 8192 groups (1329 -> 546 SASS instructions from the floor search to the
-    # collect loop at k 2048, 721 -> 302 at k 512).
+    # Numbered in runs of RUN adjacent groups (`_run_prefix`): 1329 -> 546 sm_90 SASS
+    # instructions from the floor search to the collect loop at k 2048, 721 -> 302 at k 512.
     RUN: tl.constexpr = 1 + 3 * (NG_PAD >= 4)
     listed = tl.reshape((group_max >= floor).to(tl.int32), [NG_PAD // RUN, RUN])
-    run_count = tl.sum(listed, axis=1)
-    slot = (tl.cumsum(run_count, axis=0) - run_count)[:, None] + tl.cumsum(listed, axis=1) - listed
+    slot, _ = _run_prefix(listed)
     tl.store(group_list + slot, tl.reshape(group, [NG_PAD // RUN, RUN]), mask=listed != 0)
     return floor, listed_count
 
