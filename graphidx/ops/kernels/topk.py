@@ -666,7 +666,7 @@ def _group_tile(
     src, n, group, first, listed, G: tl.constexpr, TG: tl.constexpr, QUADS: tl.constexpr
 ):
     """(columns, floats) of list entries [first, first + TG) (`group`: their ids, from
-    `_listed`) as one flat TG * G tile in column order; -inf where not read (entries past
+    `_listed`) as one [TG, G] tile in column order (row-major); -inf where not read (entries past
     `listed`, and columns past n unless QUADS reads them, below). The floats are raw:
     `_tile_keys` turns them into keys where they are used, so a tile loaded a step ahead
     is not waited for until then.
@@ -682,7 +682,7 @@ def _group_tile(
     else:
         mask = inside[:, None] & (col < n)
     value = tl.load(src + col, mask=mask, other=float("-inf"))
-    return tl.reshape(col, [TG * G]), tl.reshape(value, [TG * G])
+    return col, value
 
 
 @triton.jit
@@ -735,12 +735,11 @@ def _collect_groups(
         here = col
         col, value = _group_tile(src, n, group, first + TG, listed, G, TG, QUADS)
         group = _listed(group_list, first + 2 * TG, listed, TG)
-        rank = tl.cumsum(packed, axis=0) - packed
+        rank, total = _run_prefix(packed)
         slot = above_total + (rank & 0xFFFF)
         store_b32(candidates + slot, here, above & (slot < CAP), PTX)
         slot = tied_total + (rank >> 16)
         store_b32(ties + slot, here, tied & (slot < K_PAD), PTX)
-        total = tl.sum(packed, axis=0)
         above_total += total & 0xFFFF
         tied_total += (total >> 16) & 0xFFFF  # 32768 ties set the sign bit
     return above_total, tied_total
