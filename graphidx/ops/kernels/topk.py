@@ -47,11 +47,11 @@ largest key (`_kth_largest_key`), or 2-bit digits in the whole-row select; each 
 once exactly k keys are at or above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
-8): P = 1 at 16 warps takes 29.2 us at k 512 and 40.0 at k 2048 (A/B), 3.7 and 5.1 times
-one read of the logits (7.8 us at 4.3 TB/s). Per phase at aa8ff0e, before the last ~0.4
-us (tools/device_topk_phases.py --quick, k 512 / k 2048): group maxima 13.5 us (a bare
-streaming row max with this grid: 13.1), floor and list 6.3 / 10.0, collect 5.2 / 8.1,
-select 5.3 / 9.3 (candidate gather 0.6 / 2.2, exact search 3.1 / 4.4, writing 1.6 / 2.7).
+9): P = 1 at 16 warps takes 27.5 us at k 512 and 37.5 at k 2048 (A/B), 3.5 and 4.8 times
+one read of the logits (7.8 us at 4.3 TB/s). Per phase at 9897f4d
+(tools/device_topk_phases.py --quick, k 512 / k 2048): group maxima 13.2 us (a bare
+streaming row max with this grid: 13.1), floor and list 5.1 / 7.9, collect 4.4 / 7.9,
+select 4.9 / 8.7 (candidate gather 0.8 / 2.4, exact search 2.7 / 4.9, writing 1.4 / 1.4).
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
@@ -721,9 +721,8 @@ def _collect_groups(
     # The floor is at least KEY_NEG_INF: no key at or below it (the tile's keys are not
     # zeroed) is above the floor, nor, by the second test, tied with it.
     # Software pipeline: step i + 2's group ids load while step i is counted and stored,
-    # and are first read a step later. Step i + 1's floats are issued here too, but their
-    # fill value (-inf) compiles to register copies that wait for them at once
-    # (tools/compile_sm90.py --loads): that load is not overlapped yet.
+    # and are first read a step later; so are step i + 1's floats, issued here too
+    # (tools/compile_sm90.py --loads at 9897f4d: first read ~360 instructions later).
     group = _listed(group_list, 0, listed, TG)
     col, value = _group_tile(src, n, group, 0, listed, G, TG, QUADS)
     group = _listed(group_list, TG, listed, TG)
