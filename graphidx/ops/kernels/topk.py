@@ -349,10 +349,11 @@ def _offset_in(offset, width):
 
 @triton.jit
 def _row_floor(group_max, k):
-    """(floor, count(group_max >= floor)): a lower bound of the row's k-th largest key from
-    its group maxima (KEY_NEG_INF when fewer than k groups hold a finite value: then every
-    finite column is a candidate): the search stops once at most k + k / FLOOR_SLACK maxima
-    reach it, or FLOOR_LIMIT * k with FLOOR_BITS bits of their range resolved."""
+    """(floor, count(group_max >= floor), the largest group max): a lower bound of the row's
+    k-th largest key from its group maxima (KEY_NEG_INF when fewer than k groups hold a
+    finite value: then every finite column is a candidate): the search stops once at most
+    k + k / FLOOR_SLACK maxima reach it, or FLOOR_LIMIT * k with FLOOR_BITS bits of their
+    range resolved."""
     largest, smallest, live = _key_range(group_max)
     floor = KEY_NEG_INF + tl.zeros([], tl.uint32)
     reaching = live
@@ -363,7 +364,7 @@ def _row_floor(group_max, k):
         )  # fmt: skip
         # Finite keys are above KEY_NEG_INF, so raising the floor to it drops no live key.
         floor = tl.maximum(floor, KEY_NEG_INF)
-    return floor, reaching
+    return floor, reaching, largest
 
 
 @triton.jit
@@ -554,6 +555,8 @@ def _select(
     ties,
     above_total,
     tied_total,
+    floor,
+    row_max,
     k,
     K_PAD: tl.constexpr,
     CAP: tl.constexpr,
@@ -568,6 +571,11 @@ def _select(
     tied at the threshold can be picked, the choice is made in column order by the whole-row
     pass instead. Either way equal inputs always give equal picks, the same ones (a replayed
     graph must reproduce the eager answer).
+
+    The candidates are the keys > floor. ORDERED also passes the row's largest key, so the
+    exact search starts from the bracket [floor + 1, row_max] (count above_total, 0) without
+    a CTA-wide pass for the candidates' range; otherwise row_max is unused and the range is
+    computed.
     """
     if above_total <= k:
         if (tied_total > k - above_total) & (ORDERED == 0):
@@ -586,7 +594,10 @@ def _select(
         inside = slot < above_total
         col = tl.load(candidates + slot, mask=inside, other=0, cache_modifier=".cg")
         key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
-        largest, smallest, live = _key_range(key)
+        if ORDERED:
+            largest, smallest, live = row_max, floor + 1, above_total
+        else:
+            largest, smallest, live = _key_range(key)
         threshold, reaching = _kth_largest_key(key, k, k, k, largest, smallest, live, 32)
         if (reaching > k) & (ORDERED == 0):
             _select_from_row(src, n, k, dst, FALLBACK_STEP)
@@ -638,20 +649,21 @@ def _store_step_maxima(key, dst, group, PTX: tl.constexpr):
 
 @triton.jit
 def _list_groups(maxima, n, k, group_list, G: tl.constexpr, NG_PAD: tl.constexpr):
-    """(floor, count): the row's floor from its group maxima, and the groups whose max is at
-    or above it (every column > floor or == floor lies in one), listed in ascending order."""
+    """(floor, count, row max): the row's floor from its group maxima, and the groups whose
+    max is at or above it (every column > floor or == floor lies in one), listed in
+    ascending order; the row max is its largest key (0 when none is finite)."""
     group = tl.arange(0, NG_PAD)
     live = group < (n + G - 1) // G
     group_max = tl.load(maxima + group, mask=live, other=0, cache_modifier=".cg")
     group_max = group_max.to(tl.uint32, bitcast=True)
-    floor, listed_count = _row_floor(group_max, k)
+    floor, listed_count, row_max = _row_floor(group_max, k)
     # Numbered in runs of RUN adjacent groups (`_run_prefix`): 1329 -> 546 sm_90 SASS
     # instructions from the floor search to the collect loop at k 2048, 721 -> 302 at k 512.
     RUN: tl.constexpr = 1 + 3 * (NG_PAD >= 4)
     listed = tl.reshape((group_max >= floor).to(tl.int32), [NG_PAD // RUN, RUN])
     slot, _ = _run_prefix(listed)
     tl.store(group_list + slot, tl.reshape(group, [NG_PAD // RUN, RUN]), mask=listed != 0)
-    return floor, listed_count
+    return floor, listed_count, row_max
 
 
 @triton.jit
@@ -775,13 +787,13 @@ def _topk_row_kernel(
     _store_group_maxima(src, n, maxima, G, SG, PTX)
     # Each phase reads what other threads of this program wrote (through L2) in the last.
     tl.debug_barrier()
-    floor, listed = _list_groups(maxima, n, k, group_list, G, NG_PAD)
+    floor, listed, row_max = _list_groups(maxima, n, k, group_list, G, NG_PAD)
     tl.debug_barrier()
     above, tied = _collect_groups(src, n, floor, group_list, listed, candidates, ties,
                                   K_PAD, CAP, G, SG, PTX, QUADS)  # fmt: skip
     tl.debug_barrier()
-    _select(src, n, out_ptr + row * out_row_stride, candidates, ties, above, tied, k,
-            K_PAD, CAP, True)  # fmt: skip
+    _select(src, n, out_ptr + row * out_row_stride, candidates, ties, above, tied, floor,
+            row_max, k, K_PAD, CAP, True)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["lengths_ptr", "width"])
@@ -813,7 +825,7 @@ def _split_floor_kernel(
     tl.debug_barrier()
     if tl.atomic_add(counters + FLOOR_ARRIVALS, 1, sem="acq_rel") == SPLIT - 1:
         every = tl.load(maxima + tl.arange(0, GROUPS), cache_modifier=".cg")
-        floor, _ = _row_floor(every.to(tl.uint32, bitcast=True), k)
+        floor, _, _ = _row_floor(every.to(tl.uint32, bitcast=True), k)
         tl.store(counters + FLOOR_KEY, floor.to(tl.int32, bitcast=True))
 
 
@@ -851,8 +863,8 @@ def _split_collect_kernel(
     if tl.atomic_add(counters + COLLECT_ARRIVALS, 1, sem="acq_rel") == SPLIT - 1:
         above = tl.atomic_add(counters + ABOVE, 0, sem="relaxed")
         tied = tl.atomic_add(counters + TIED, 0, sem="relaxed")
-        _select(src, n, out_ptr + row * out_row_stride, candidates, ties, above, tied, k,
-                K_PAD, CAP, False)  # fmt: skip
+        _select(src, n, out_ptr + row * out_row_stride, candidates, ties, above, tied, floor,
+                floor, k, K_PAD, CAP, False)  # fmt: skip
 
 
 def _is_power_of_2(value: int) -> bool:
