@@ -141,6 +141,23 @@ def test_inf_and_nan(gen: torch.Generator, split: int, k: int) -> None:
 
 
 @pytest.mark.parametrize("split", [1, 2])
+def test_finite_values_in_fewer_groups_than_k(gen: torch.Generator, split: int) -> None:
+    """Every finite value in 2 of the row's 32 groups, more of them than k: the floor is
+    -inf's key (fewer than k group maxima are finite), every finite column a candidate, and
+    the one-program select searches from [KEY_NEG_INF + 1, the row's largest key]; also with
+    +inf and the key just above -inf's among them."""
+    logits = torch.full((3, 256), NEG_INF)
+    logits[0, 16:32] = torch.randn(16, generator=gen)
+    logits[0, 200:216] = torch.randn(16, generator=gen)
+    logits[1, 40:56] = torch.randn(16, generator=gen).abs() * -1e30
+    logits[1, 41] = float("inf")
+    logits[2, 0:24] = -torch.finfo(torch.float32).max  # the smallest finite key, 24 ties
+    logits[2, 100:104] = 1.0
+    lengths = torch.tensor([256, 256, 256], dtype=torch.int32)
+    run(logits, lengths, 12, small_config(12, split))
+
+
+@pytest.mark.parametrize("split", [1, 2])
 def test_k_equal_to_and_wider_than_the_row(gen: torch.Generator, split: int) -> None:
     logits = torch.randn(4, 64, generator=gen)
     logits[1, ::3] = NEG_INF

@@ -23,8 +23,9 @@ One program per row (P = 1, `_topk_row_kernel`, one launch), rows cut into G-col
    numbered by one prefix sum per step, so both buffers hold their columns in column order.
 4. *Select* (`_select`): at most k candidates: the floor *is* the k-th largest key when the
    row has k finite values; write every candidate, then the first tied columns up to k, then
-   -1. Up to CAP: find the exact k-th largest key among them and write the keys above it
-   plus the first equal ones. More than CAP (adversarial rows, e.g. the top keys crowded into
+   -1. Up to CAP: find the exact k-th largest key among them (searching from [floor + 1,
+   the row's largest key], both known from step 2) and write the keys above it plus the
+   first equal ones. More than CAP (adversarial rows, e.g. the top keys crowded into
    few groups): the same search over the whole row, 16 counting passes. Slow, never wrong.
 
 P > 1 programs per row (few, wide rows): the row's columns fall into GROUPS *interleaved*
@@ -47,8 +48,8 @@ largest key (`_kth_largest_key`), or 2-bit digits in the whole-row select; each 
 once exactly k keys are at or above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
-9): P = 1 at 16 warps takes 27.5 us at k 512 and 37.5 at k 2048 (A/B), 3.5 and 4.8 times
-one read of the logits (7.8 us at 4.3 TB/s). Per phase at 9897f4d
+9): P = 1 at 16 warps takes 27.2 us at k 512 and 37.1 at k 2048 (A/B), 3.5 and 4.7 times
+one read of the logits (7.8 us at 4.3 TB/s). Per phase at 9897f4d, before the last ~0.3 us
 (tools/device_topk_phases.py --quick, k 512 / k 2048): group maxima 13.2 us (a bare
 streaming row max with this grid: 13.1), floor and list 5.1 / 7.9, collect 4.4 / 7.9,
 select 4.9 / 8.7 (candidate gather 0.8 / 2.4, exact search 2.7 / 4.9, writing 1.4 / 1.4).
