@@ -31,7 +31,15 @@ from graphidx.ops.kernels import next_power_of_2
 from graphidx.ops.kernels import topk as tk
 
 ROWS, WIDTH = 128, 65536
+# The cut kernel follows the library of whichever tree is imported (A/B of old and new trees):
 TIGHT_ARG = len(inspect.signature(tk._kth_largest_key.fn).parameters) == 8
+"""`_kth_largest_key` takes tight and loose (session 8 on)."""
+ROW_MAX = "row_max" in inspect.signature(tk._select.fn).parameters
+"""`_list_groups` returns the row max and the select searches from [floor + 1, row max]."""
+SEEN = hasattr(tk, "_maxima_range")
+"""`_store_group_maxima` returns its maxima's running range, `_list_groups` takes it."""
+KTH_ABOVE = "above_count" in inspect.signature(tk._emit_selection.fn).parameters
+"""`_kth_largest_key` also returns count(keys > t)."""
 ONE_READ_US = ROWS * WIDTH * 4 / 4.3e12 * 1e6
 
 
@@ -53,26 +61,37 @@ def _cut_kernel(
     logits_ptr, out_ptr, scratch_ptr, row_stride, n, k,
     K_PAD: tl.constexpr, CAP: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NG_PAD: tl.constexpr, ROW_INTS: tl.constexpr, PHASES: tl.constexpr,
-    TIGHT_ARG: tl.constexpr,
+    TIGHT_ARG: tl.constexpr, ROW_MAX: tl.constexpr, SEEN: tl.constexpr,
+    KTH_ABOVE: tl.constexpr, PTX: tl.constexpr = True,
 ):  # fmt: skip
     """The P = 1 top-k kernel stopped after PHASES phases (1 maxima, 2 floor and group
     list, 3 collect; then the select's steps when the candidates fit CAP: 4 their keys
-    gathered and their range reduced, 5 the exact search for the k-th largest)."""
+    gathered and their search bracket set up as `_select` does, 5 the exact search for the
+    k-th largest)."""
     row = tl.program_id(0).to(tl.int64)
     src = logits_ptr + row * row_stride
     candidates = scratch_ptr + row * ROW_INTS
     maxima = candidates + CAP + K_PAD
     group_list = maxima + NG_PAD
-    tk._store_group_maxima(src, n, maxima, G, SG, True)
+    if SEEN:
+        seen = tk._store_group_maxima(src, n, maxima, G, SG, PTX)
+    else:
+        tk._store_group_maxima(src, n, maxima, G, SG, PTX)
     result = tl.zeros([], tl.int32)
     if PHASES >= 2:
         tl.debug_barrier()
-        floor, listed = tk._list_groups(maxima, n, k, group_list, G, NG_PAD)
+        if SEEN:
+            floor, listed, row_max = tk._list_groups(maxima, seen, n, k, group_list, G, NG_PAD)
+        elif ROW_MAX:
+            floor, listed, row_max = tk._list_groups(maxima, n, k, group_list, G, NG_PAD)
+        else:
+            floor, listed = tk._list_groups(maxima, n, k, group_list, G, NG_PAD)
+            row_max = floor
         result = listed
         if PHASES >= 3:
             tl.debug_barrier()
             above, tied = tk._collect_groups(src, n, floor, group_list, listed, candidates,
-                                             candidates + CAP, K_PAD, CAP, G, SG, True,
+                                             candidates + CAP, K_PAD, CAP, G, SG, PTX,
                                              True)  # fmt: skip
             result = above + tied
             if PHASES >= 4:
@@ -82,10 +101,18 @@ def _cut_kernel(
                 col = tl.load(candidates + slot, mask=inside, other=0, cache_modifier=".cg")
                 key = tl.load(src + col, mask=inside, other=0.0)
                 key = tl.where(inside, tk._order_key(key), 0)
-                largest, smallest, live = tk._key_range(key)
+                if ROW_MAX:  # the bracket `_select` starts from when it is ORDERED
+                    largest, smallest, live = row_max, floor + 1, above
+                    if floor == tk.KEY_NEG_INF:
+                        largest, smallest, live = tk._key_range(key)
+                else:
+                    largest, smallest, live = tk._key_range(key)
                 result = live
                 if PHASES >= 5:
-                    if TIGHT_ARG:  # the search's arguments since session 8
+                    if KTH_ABOVE:
+                        _, reaching, _ = tk._kth_largest_key(key, k, k, k, largest, smallest,
+                                                             live, 32)  # fmt: skip
+                    elif TIGHT_ARG:  # the search's arguments since session 8
                         _, reaching = tk._kth_largest_key(key, k, k, k, largest, smallest,
                                                           live, 32)  # fmt: skip
                     else:  # older trees (an A/B against a base before it)
@@ -149,7 +176,7 @@ def main() -> int:
                 gp=groups_pad, r=row_ints, s=scratch: _cut_kernel[(ROWS,)](
                     logits, out_cut, s, WIDTH, WIDTH, k, K_PAD=k_pad, CAP=cfg.capacity, G=g,
                     SG=cfg.chunk // g, NG_PAD=gp, ROW_INTS=r, PHASES=p,
-                    TIGHT_ARG=TIGHT_ARG,
+                    TIGHT_ARG=TIGHT_ARG, ROW_MAX=ROW_MAX, SEEN=SEEN, KTH_ABOVE=KTH_ABOVE,
                     num_warps=cfg.num_warps))  # fmt: skip
             if phases in (2, 3):
                 stats.append(

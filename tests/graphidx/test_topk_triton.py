@@ -142,10 +142,10 @@ def test_inf_and_nan(gen: torch.Generator, split: int, k: int) -> None:
 
 @pytest.mark.parametrize("split", [1, 2])
 def test_finite_values_in_fewer_groups_than_k(gen: torch.Generator, split: int) -> None:
-    """Every finite value in 2 of the row's 32 groups, more of them than k: the floor is
-    -inf's key (fewer than k group maxima are finite), every finite column a candidate, and
-    the one-program select searches from [KEY_NEG_INF + 1, the row's largest key]; also with
-    +inf and the key just above -inf's among them."""
+    """Every finite value in 2-4 of the row's 32 groups of 8 columns, more of them than k:
+    the floor is -inf's key (fewer than k group maxima are finite), every finite column a
+    candidate (row 0: exactly CAP = 32 of them), and the exact search runs over them; also
+    with +inf and -FLT_MAX (the key just above -inf's, 24 ties) among them."""
     logits = torch.full((3, 256), NEG_INF)
     logits[0, 16:32] = torch.randn(16, generator=gen)
     logits[0, 200:216] = torch.randn(16, generator=gen)

@@ -295,7 +295,8 @@ def _key_range(keys):
 @triton.jit
 def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, LOOSE_BITS: tl.constexpr):
     """(t, count(keys >= t)): a threshold t > 0 with count(keys >= t) >= k, keys uint32 (0 =
-    never picked) whose `_key_range` is (largest, smallest, live), assuming live >= k.
+    never picked) bracketed by (largest, smallest, live): no key above largest, live =
+    count(keys >= smallest) >= k, smallest >= 1 (their `_key_range`, or any such bracket).
 
     The search keeps a bracket [lo, hi] around the k-th largest key t*: count(keys >= lo) >=
     k > count(keys > hi). Each CTA-wide count tests three trial thresholds inside it: around
@@ -481,7 +482,8 @@ def _run_prefix(x):
     """(exclusive prefix sum of x in row-major order, total) for a 2-D [runs, RUN] tensor:
     a prefix sum within each run plus one across the run totals. Triton scans a flat tensor
     as one warp-wide scan per element a thread holds (16 per thread at 8192 elements); this
-    form keeps the runs in the loads' layout (`_list_groups`, `_emit_selection`)."""
+    form keeps the runs in the loads' layout (`_list_groups`, `_collect_groups`,
+    `_emit_selection`)."""
     run_total = tl.sum(x, axis=1)
     prefix = (tl.cumsum(run_total, axis=0) - run_total)[:, None] + tl.cumsum(x, axis=1) - x
     return prefix, tl.sum(run_total, axis=0)
@@ -575,8 +577,8 @@ def _select(
 
     The candidates are the keys > floor. ORDERED also passes the row's largest key, so the
     exact search starts from the bracket [floor + 1, row_max] (count above_total, 0) without
-    a CTA-wide pass for the candidates' range; otherwise row_max is unused and the range is
-    computed.
+    a CTA-wide pass for the candidates' range (unless the floor is -inf's key); otherwise
+    row_max is unused and the range is computed.
     """
     if above_total <= k:
         if (tied_total > k - above_total) & (ORDERED == 0):
@@ -597,6 +599,11 @@ def _select(
         key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
         if ORDERED:
             largest, smallest, live = row_max, floor + 1, above_total
+            if floor == KEY_NEG_INF:
+                # No floor (fewer than k finite groups, e.g. short rows): the candidates may
+                # sit far above floor + 1, where the bracket's interpolation would need ~2x
+                # the rounds; their own range is cheaper.
+                largest, smallest, live = _key_range(key)
         else:
             largest, smallest, live = _key_range(key)
         threshold, reaching = _kth_largest_key(key, k, k, k, largest, smallest, live, 32)
