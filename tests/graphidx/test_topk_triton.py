@@ -379,7 +379,7 @@ def test_oversized_step_refused_before_any_launch() -> None:
 def _floor_kernel(maxima_ptr, out_ptr, k, NG: tl.constexpr):
     """The library's floor over NG group-maximum keys (uint32 stored as int32)."""
     group_max = tl.load(maxima_ptr + tl.arange(0, NG)).to(tl.uint32, bitcast=True)
-    floor, reaching, _ = topk_kernels._row_floor(group_max, k)
+    floor, reaching = topk_kernels._row_floor(group_max, k, *topk_kernels._key_range(group_max))
     tl.store(out_ptr, floor.to(tl.int32, bitcast=True))
     tl.store(out_ptr + 1, reaching)
 

@@ -350,13 +350,12 @@ def _offset_in(offset, width):
 
 
 @triton.jit
-def _row_floor(group_max, k):
-    """(floor, count(group_max >= floor), the largest group max): a lower bound of the row's
-    k-th largest key from its group maxima (KEY_NEG_INF when fewer than k groups hold a
-    finite value: then every finite column is a candidate): the search stops once at most
-    k + k / FLOOR_SLACK maxima reach it, or FLOOR_LIMIT * k with FLOOR_BITS bits of their
-    range resolved."""
-    largest, smallest, live = _key_range(group_max)
+def _row_floor(group_max, k, largest, smallest, live):
+    """(floor, count(group_max >= floor)): a lower bound of the row's k-th largest key from
+    its group maxima, whose `_key_range` is (largest, smallest, live) (KEY_NEG_INF when fewer
+    than k groups hold a finite value: then every finite column is a candidate): the search
+    stops once at most k + k / FLOOR_SLACK maxima reach it, or FLOOR_LIMIT * k with
+    FLOOR_BITS bits of their range resolved."""
     floor = KEY_NEG_INF + tl.zeros([], tl.uint32)
     reaching = live
     if live >= k:
@@ -366,7 +365,7 @@ def _row_floor(group_max, k):
         )  # fmt: skip
         # Finite keys are above KEY_NEG_INF, so raising the floor to it drops no live key.
         floor = tl.maximum(floor, KEY_NEG_INF)
-    return floor, reaching, largest
+    return floor, reaching
 
 
 @triton.jit
@@ -620,8 +619,17 @@ def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, PTX: 
     """maxima[g] = the max key of columns [g * G, (g + 1) * G) of a row of length n (0 when
     none is finite), for every g < cdiv(n, G): SG groups per step, the loop's loads
     unmasked (only the first two and the partial last step are masked), each step's maxima
-    stored from where the reduction left them (no barrier in the loop)."""
+    stored from where the reduction left them (no barrier in the loop).
+
+    Returns the running (max, smallest nonzero, nonzero count) of the maxima each of SG
+    lanes stored ([SG] each; `_maxima_range` reduces them to the maxima's `_key_range`), so
+    the floor search needs no pass over the maxima for their range."""
     group = tl.arange(0, SG)
+    seen = (
+        tl.zeros([SG], tl.uint32),
+        tl.full([SG], 0xFFFFFFFF, tl.uint32),
+        tl.zeros([SG], tl.int32),
+    )
     col = group[:, None] * G + tl.arange(0, G)[None, :]
     STEP: tl.constexpr = SG * G
     main_stop = n // STEP * STEP
@@ -636,35 +644,65 @@ def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, PTX: 
     for first in range(0, pair_stop, 2 * STEP):
         here = _order_key(value_a)
         value_a = tl.load(src + tl.minimum(first + 2 * STEP, last) + col)
-        _store_step_maxima(here, maxima + first // G, group, PTX)
+        seen = _seen(seen, _store_step_maxima(here, maxima + first // G, group, PTX))
         here = _order_key(value_b)
         value_b = tl.load(src + tl.minimum(first + 3 * STEP, last) + col)
-        _store_step_maxima(here, maxima + first // G + SG, group, PTX)
+        seen = _seen(seen, _store_step_maxima(here, maxima + first // G + SG, group, PTX))
     if pair_stop < main_stop:  # one full step left, loaded into value_a
-        _store_step_maxima(_order_key(value_a), maxima + pair_stop // G, group, PTX)
+        step_max = _store_step_maxima(_order_key(value_a), maxima + pair_stop // G, group, PTX)
+        seen = _seen(seen, step_max)
     if main_stop < n:
         key = _load_order_keys(src, main_stop + col, main_stop + col < n, True)
-        group_max = _never_picked_zero(tl.max(key, axis=1))
+        group_max = _never_picked_zero(tl.max(key, axis=1))  # 0 for the groups past n
         store_b32(maxima + main_stop // G + group, group_max,
                   main_stop + group * G < n, PTX)  # fmt: skip
+        seen = _seen(seen, group_max)
+    return seen
+
+
+@triton.jit
+def _seen(seen, group_max):
+    """The running (max, smallest nonzero, nonzero count) of `_store_group_maxima` after one
+    more step's maxima (0: never picked)."""
+    largest, smallest, live = seen
+    nonzero = group_max > 0
+    return (
+        tl.maximum(largest, group_max),
+        tl.minimum(smallest, tl.where(nonzero, group_max, 0xFFFFFFFF)),
+        live + nonzero.to(tl.int32),
+    )
+
+
+@triton.jit
+def _maxima_range(seen):
+    """`_key_range` of the maxima `_store_group_maxima` stored, from what it returned."""
+    largest, smallest, live = seen
+    return tl.reduce((largest, smallest, live), 0, _max_min_count)
 
 
 @triton.jit
 def _store_step_maxima(key, dst, group, PTX: tl.constexpr):
-    """dst[group] = the max of key[group, :], 0 at or below -inf's key (one full step)."""
-    store_b32(dst + group, _never_picked_zero(tl.max(key, axis=1)), group >= 0, PTX)
+    """dst[group] = the max of key[group, :], 0 at or below -inf's key (one full step);
+    returns those maxima."""
+    group_max = _never_picked_zero(tl.max(key, axis=1))
+    store_b32(dst + group, group_max, group >= 0, PTX)
+    return group_max
 
 
 @triton.jit
-def _list_groups(maxima, n, k, group_list, G: tl.constexpr, NG_PAD: tl.constexpr):
-    """(floor, count, row max): the row's floor from its group maxima, and the groups whose
-    max is at or above it (every column > floor or == floor lies in one), listed in
-    ascending order; the row max is its largest key (0 when none is finite)."""
+def _list_groups(maxima, seen, n, k, group_list, G: tl.constexpr, NG_PAD: tl.constexpr):
+    """(floor, count, row max): the row's floor from its group maxima (`seen`: what
+    `_store_group_maxima` returned), and the groups whose max is at or above it (every
+    column > floor or == floor lies in one), listed in ascending order; the row max is its
+    largest key (0 when none is finite)."""
     group = tl.arange(0, NG_PAD)
     live = group < (n + G - 1) // G
     group_max = tl.load(maxima + group, mask=live, other=0, cache_modifier=".cg")
     group_max = group_max.to(tl.uint32, bitcast=True)
-    floor, listed_count, row_max = _row_floor(group_max, k)
+    # The range comes from registers: its CTA-wide reduction runs while the load above is
+    # in flight.
+    row_max, smallest, finite = _maxima_range(seen)
+    floor, listed_count = _row_floor(group_max, k, row_max, smallest, finite)
     # Numbered in runs of RUN adjacent groups (`_run_prefix`): 1329 -> 546 sm_90 SASS
     # instructions from the floor search to the collect loop at k 2048, 721 -> 302 at k 512.
     RUN: tl.constexpr = 1 + 3 * (NG_PAD >= 4)
@@ -792,10 +830,10 @@ def _topk_row_kernel(
     ties = candidates + CAP
     maxima = ties + K_PAD
     group_list = maxima + NG_PAD
-    _store_group_maxima(src, n, maxima, G, SG, PTX)
+    seen = _store_group_maxima(src, n, maxima, G, SG, PTX)
     # Each phase reads what other threads of this program wrote (through L2) in the last.
     tl.debug_barrier()
-    floor, listed, row_max = _list_groups(maxima, n, k, group_list, G, NG_PAD)
+    floor, listed, row_max = _list_groups(maxima, seen, n, k, group_list, G, NG_PAD)
     tl.debug_barrier()
     above, tied = _collect_groups(src, n, floor, group_list, listed, candidates, ties,
                                   K_PAD, CAP, G, SG, PTX, QUADS)  # fmt: skip
@@ -833,7 +871,9 @@ def _split_floor_kernel(
     tl.debug_barrier()
     if tl.atomic_add(counters + FLOOR_ARRIVALS, 1, sem="acq_rel") == SPLIT - 1:
         every = tl.load(maxima + tl.arange(0, GROUPS), cache_modifier=".cg")
-        floor, _, _ = _row_floor(every.to(tl.uint32, bitcast=True), k)
+        every = every.to(tl.uint32, bitcast=True)
+        largest, smallest, live = _key_range(every)
+        floor, _ = _row_floor(every, k, largest, smallest, live)
         tl.store(counters + FLOOR_KEY, floor.to(tl.int32, bitcast=True))
 
 
