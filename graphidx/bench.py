@@ -636,11 +636,19 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
             config=LogitsConfig(*point),
         )  # fmt: skip
         results.append(_sweep_point(label, build))
-    for block_n, num_warps, num_stages, prefetch in ((128, 4, 1, True), (128, 4, 1, False)):
-        label = f"sweep gather n{block_n} w{num_warps} s{num_stages} prefetch{prefetch}"
+    gather_points = (
+        (128, 4, 1, False, 64, 2048), (128, 4, 1, False, 64, 1024), (128, 4, 1, True, 80, 1024),
+        (128, 4, 1, True, None, 2048), (128, 4, 1, False, None, 2048),
+    )  # fmt: skip
+    for point in gather_points:
+        block_n, num_warps, num_stages, prefetch, cap, split = point
+        label = (
+            f"sweep gather n{block_n} w{num_warps} s{num_stages} prefetch{prefetch} "
+            f"maxnreg{cap} split{split}"
+        )
         build = functools.partial(
             gather_case, 32, 2, 64, 65536, 2048, 8, ceilings, device, name=label,
-            config=GatherConfig(block_n, num_warps, num_stages, prefetch),
+            config=GatherConfig(*point),
         )  # fmt: skip
         results.append(_sweep_point(label, build))
     return results

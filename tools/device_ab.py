@@ -35,13 +35,53 @@ CASES = {
     "topk2048": "topk_default(2048)",
     "topk512r16": "topk_default(512, rows=16)",  # the split path, P = 8
     "topk512w1m": "topk_default(512, rows=1, width=1 << 20)",  # one wide row, P = 128
+    "read": "read_logits()",  # one read of the top-k's logits (torch.amax per row)
+    "readsum": "read_logits(per_row=False)",  # the same read as one torch.sum
 }
+# Gather launch variants: GatherConfig(block_n, num_warps, num_stages, prefetch,
+# max_registers, split) on the gather case.
+GATHER_VARIANTS = {
+    "pf80s1536": "128, 4, 1, True, 80, 1536",
+    "nopf80s1024": "128, 4, 1, False, 80, 1024",
+    "nopf80s1536": "128, 4, 1, False, 80, 1536",
+    "nopf72s1024": "128, 4, 1, False, 72, 1024",
+    "nopf64s1024": "128, 4, 1, False, 64, 1024",
+    "nopf64s2048": "128, 4, 1, False, 64, 2048",
+}
+# Decode launch variants: LogitsConfig(block_n, block_r, num_warps, num_stages, max_registers,
+# programs_per_sm, prefetch, halves); "s" in the name: through the decode schedule.
+DECODE_VARIANTS = {
+    "64r104": (64, "64, 2, 4, 1, 104, 5, True, True"),
+    "64r96": (64, "64, 2, 4, 1, 96, 5, True, True"),
+    "32r104": (32, "64, 2, 4, 1, 104, 5, True, False"),
+}
+for name, (heads, fields) in DECODE_VARIANTS.items():
+    lens = "[16384] * 64, 64" if heads == 64 else "[65536] * 64, 128"
+    for scheduled in (False, True):
+        CASES[f"decode{name}{'s' if scheduled else ''}"] = (
+            f'dense_decode_case("decode {name}", {heads}, 2, {lens}, C, D, '
+            f"use_schedule={scheduled}, config=LogitsConfig({fields}))"
+        )
+CASES["decode32s"] = (
+    'dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, C, D, use_schedule=True)'
+)
+CASES.update(
+    {
+        f"gather{name}": f'gather_case(32, 2, 64, 65536, 2048, 8, C, D, name="gather {name}",'
+        f" config=GatherConfig({fields}))"
+        for name, fields in GATHER_VARIANTS.items()
+    }
+)
 
 CHILD = """
 import json, sys, types, torch
 import graphidx.bench as bench
 from graphidx.ops import topk_per_row
 from graphidx.ops.kernels.logits import LogitsConfig
+try:
+    from graphidx.ops.kernels.gather import GatherConfig
+except ImportError:
+    GatherConfig = None
 
 def topk_default(k, rows=128, width=65536):
     # The op's default config on rows x width float32, picks checked against torch.topk.
@@ -56,8 +96,24 @@ def topk_default(k, rows=128, width=65536):
     check = "OK" if torch.equal(got, want) else "FAIL: wrong picks"
     return types.SimpleNamespace(time_us=bench.time_case(run)[0], check=check)
 
+def read_logits(rows=128, width=65536, per_row=True):
+    # One read of the top-k cases' logits, timed like them: a measured "one read".
+    logits = torch.randn(rows, width, device="cuda")
+    if per_row:
+        out = torch.empty(rows, device="cuda")
+        run = lambda: torch.amax(logits, dim=1, out=out)
+        want = logits.max(dim=1).values
+    else:
+        out = torch.empty((), device="cuda")
+        run = lambda: torch.sum(logits, dim=(0, 1), out=out)
+        want = logits.sum()
+    run()
+    check = "OK" if torch.allclose(out, want) else "FAIL: wrong result"
+    return types.SimpleNamespace(time_us=bench.time_case(run)[0], check=check)
+
 scope = dict(vars(bench), C=bench.Ceilings(), D=torch.device("cuda"), topk_default=topk_default,
-             LogitsConfig=LogitsConfig)
+             read_logits=read_logits, LogitsConfig=LogitsConfig,
+             GatherConfig=GatherConfig)
 for name in sys.argv[1:]:
     result = eval(CASES[name], scope)
     print("AB " + json.dumps([name, result.time_us, result.check]), flush=True)

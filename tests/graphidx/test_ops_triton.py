@@ -772,16 +772,20 @@ def test_dense_logits_with_schedule(gen: torch.Generator, kind: str, next_n: int
 
 
 @pytest.mark.parametrize(
-    ("kind", "sizes", "clean", "prefetch", "size"),
-    [("qsl", [2, 0, 3], True, True, 4), ("next_n", [2, 2], False, True, 4),
-     ("next_n", [2, 2], True, False, 4), ("next_n", [2, 1], False, True, 8)],
+    ("kind", "sizes", "clean", "prefetch", "size", "split_tiles"),
+    [("qsl", [2, 0, 3], True, True, 4, None), ("next_n", [2, 2], False, True, 4, None),
+     ("next_n", [2, 2], True, False, 4, None), ("next_n", [2, 1], False, True, 8, None),
+     ("next_n", [2, 2], True, True, 4, 2)],
 )  # fmt: skip
 def test_gather_logits_match_reference(
-    gen: torch.Generator, kind: str, sizes: list[int], clean: bool, prefetch: bool, size: int
+    gen: torch.Generator, kind: str, sizes: list[int], clean: bool, prefetch: bool, size: int,
+    split_tiles: int | None,
 ) -> None:
     """Gather logits against the reference over 4-10 tiles per row (the prefetching loop,
     with one prefetch per column or, at C = 8, per 8-column run, and the plain loop), with
-    padding slots, positions past the context and a live count wider than the pool."""
+    padding slots, positions past the context and a live count wider than the pool; with
+    `split_tiles`, each program scores that many tiles (several programs per row, the last
+    ones past the live columns)."""
     from graphidx.ops.kernels.gather import default_config
 
     pool_blocks, heads, head_dim = 20, 8, 128
@@ -817,7 +821,9 @@ def test_gather_logits_match_reference(
         if backend == "triton":
             from graphidx.ops.kernels.gather import gather_mqa_logits as triton_gather
 
-            config = dataclasses.replace(default_config(size), prefetch=prefetch)
+            config = dataclasses.replace(default_config(size, heads), prefetch=prefetch)
+            if split_tiles is not None:
+                config = dataclasses.replace(config, split=split_tiles * config.block_n)
             triton_gather(
                 q, q_scale, kv_cache, weights, context_lens, block_table, pos, live_cols, out,
                 candidate_block_size=size, clean=clean, page_entries=cache.page_entries,
@@ -834,7 +840,10 @@ def test_gather_logits_match_reference(
     assert bool((outs[1][-1, pool_blocks * size :] == NEG_INF).all())
 
 
-@pytest.mark.parametrize(("field", "value"), [("block_n", 24), ("num_warps", 3), ("num_stages", 0)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("block_n", 24), ("num_warps", 3), ("num_stages", 0), ("split", 96), ("max_registers", 8)],
+)
 def test_gather_config_refused(field: str, value: int) -> None:
     """A gather config the kernel cannot run raises ValueError naming the field."""
     from graphidx.ops.kernels.gather import GatherConfig, check_config

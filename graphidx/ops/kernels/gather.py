@@ -46,7 +46,11 @@ from graphidx.ops.kernels.mxfp4_tl import (
 from graphidx.ops.kernels.ptx import store_b32
 
 GATHER_SPLIT_COLUMNS = 2048
-"""Compact columns per program: amortizes the Q decode and fills the GPU at 128 rows."""
+"""Compact columns per program by default: amortizes the Q decode and fills the GPU at 128
+rows."""
+MAX_SPLIT_COLUMNS = 1 << 20
+GATHER_MAX_REGISTERS = 64
+"""Registers per thread of the default config at <= 32 heads (`default_config`)."""
 
 REMAP_BLOCK = 1024
 MIN_MMA_COLUMNS = 16
@@ -63,32 +67,69 @@ class GatherConfig:
     """Run the chain of dependent reads ahead of the scoring (see the kernel): the next
     tile's codes are prefetched into L1, later tiles' pages and positions are loading,
     instead of each tile's whole chain of reads when it is scored."""
+    max_registers: int | None = None
+    """Cap on registers per thread (Triton's maxnreg, NVIDIA only; None: the compiler's
+    choice): trades spills for resident programs."""
+    split: int = GATHER_SPLIT_COLUMNS
+    """Compact columns per program (a multiple of block_n): the grid is rows x
+    ceil(width / split)."""
 
 
 def check_config(config: GatherConfig) -> None:
     """ValueError naming the first field of `config` the gather kernel cannot run."""
     block_n = config.block_n
-    if block_n & (block_n - 1) or not MIN_MMA_COLUMNS <= block_n <= GATHER_SPLIT_COLUMNS:
+    if block_n & (block_n - 1) or not MIN_MMA_COLUMNS <= block_n <= config.split:
         raise ValueError(
-            f"config.block_n must be a power of two in [{MIN_MMA_COLUMNS}, "
-            f"{GATHER_SPLIT_COLUMNS}], got {block_n}"
+            f"config.block_n must be a power of two in [{MIN_MMA_COLUMNS}, split = "
+            f"{config.split}], got {block_n}"
+        )
+    if config.split % block_n or not block_n <= config.split <= MAX_SPLIT_COLUMNS:
+        raise ValueError(
+            f"config.split must be a multiple of block_n = {block_n} up to "
+            f"{MAX_SPLIT_COLUMNS}, got {config.split}"
         )
     if config.num_warps not in (4, 8):
         raise ValueError(f"config.num_warps must be 4 or 8, got {config.num_warps}")
     if config.num_stages < 1:
         raise ValueError(f"config.num_stages must be >= 1, got {config.num_stages}")
+    if config.max_registers is not None:
+        if not 24 <= config.max_registers <= 255:
+            raise ValueError(
+                f"config.max_registers must be in [24, 255] or None, got {config.max_registers}"
+            )
+        if operand_mode() != BF16X2_OPERANDS.value:
+            raise ValueError("config.max_registers is an NVIDIA GPU option (Triton's maxnreg)")
 
 
-def default_config(candidate_block_size: int) -> GatherConfig:
+def default_config(candidate_block_size: int, num_heads: int) -> GatherConfig:
     """128 keys per tile on a GPU (sm_90 SASS of the tile loop: 659 instructions per warp
     and 128 keys, against 2 x 383 at 64); the loads are gathers, so no shared-memory
-    pipelining (num_stages 1): latency is hidden by 3 resident programs per SM and by
-    running the reads ahead (`prefetch`: 114.1 -> 108.5 us at H32, 128 x 16384, C 8 with the
-    L1 prefetch of the next tile's codes, tools/device_ab.py)."""
+    pipelining (num_stages 1): latency is hidden by resident programs and by running the
+    reads ahead (`prefetch`: 114.1 -> 108.5 us at H32, 128 x 16384, C 8 with the L1 prefetch
+    of the next tile's codes, tools/device_ab.py).
+
+    Up to 32 (padded) heads on NVIDIA, occupancy wins over everything else: registers
+    capped at 64 give 8 resident programs per SM instead of 3 (159 registers uncapped), and
+    without the prefetch (whose registers cost more programs than its latency saves there):
+    tile loop 677 SASS instructions against 675, 42 local loads / stores in the kernel.
+    108.5 -> 91.5 us at H32, 128 x 16384 (C 8), BENCHMARKS.md session 10. At 64 heads a cap
+    spills hundreds of instructions per tile, so the uncapped prefetching config stays."""
     block_n = 16 if operand_mode() == OPERANDS_FP32 else 128
+    block_n = max(block_n, next_power_of_2(candidate_block_size))
+    capped = operand_mode() == BF16X2_OPERANDS.value and _padded_heads(num_heads) <= 32
     return GatherConfig(
-        block_n=max(block_n, next_power_of_2(candidate_block_size)), num_warps=4, num_stages=1
+        block_n=block_n,
+        num_warps=4,
+        num_stages=1,
+        prefetch=not capped,
+        max_registers=GATHER_MAX_REGISTERS if capped else None,
+        split=max(GATHER_SPLIT_COLUMNS, block_n),
     )
+
+
+def _padded_heads(num_heads: int) -> int:
+    """The MMA's N: heads padded to a power of two, at least MIN_MMA_COLUMNS."""
+    return max(next_power_of_2(num_heads), MIN_MMA_COLUMNS)
 
 
 @triton.jit
@@ -342,13 +383,13 @@ def gather_mqa_logits(
         num_seqs = rows // rows_per_seq
     sub, run = tile_split(head_dim)
     require_bf16_tensor_cores(q.device)
-    cfg = config or default_config(candidate_block_size)
+    cfg = config or default_config(candidate_block_size, num_heads)
     check_config(cfg)
     kv_words = cache_words(kv_cache)
     if rows == 0 or out_width == 0:
         return
     qsl = query_start_loc if query_start_loc is not None else context_lens
-    grid = (rows, cdiv(out_width, GATHER_SPLIT_COLUMNS))
+    grid = (rows, cdiv(out_width, cfg.split))
     _gather_logits_kernel[grid](
         q, q_scale, kv_words, weights, context_lens, block_table, positions, live_cols, out, qsl,
         q.stride(0), q.stride(1), q_scale.stride(0), q_scale.stride(1), kv_words.stride(0),
@@ -357,7 +398,7 @@ def gather_mqa_logits(
         # of rows, and a constexpr would compile the kernel again for every launch size.
         num_seqs, rows_per_seq, positions.shape[1], out_width,
         H=num_heads,
-        HP=max(next_power_of_2(num_heads), MIN_MMA_COLUMNS),
+        HP=_padded_heads(num_heads),
         D=head_dim,
         SUB=sub,
         RUN=run,
@@ -367,13 +408,14 @@ def gather_mqa_logits(
         GROUPING=grouping,
         C=candidate_block_size,
         BLOCK_N=cfg.block_n,
-        SPLIT=GATHER_SPLIT_COLUMNS,
+        SPLIT=cfg.split,
         CLEAN=clean,
         OPERANDS=operand_mode(),
         PREFETCH=cfg.prefetch,
         LINE_RUN=LINE_ENTRIES.value if candidate_block_size % LINE_ENTRIES.value == 0 else 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **({} if cfg.max_registers is None else {"maxnreg": cfg.max_registers}),
     )  # fmt: skip
 
 
