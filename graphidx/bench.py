@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 
 from graphidx.config import cdiv
 from graphidx.mxfp4 import cache_layout
@@ -481,13 +483,68 @@ TOPK_MAX_REGISTERS = 80
 """The register cap the top-k case also times (3 programs of 8 warps per multiprocessor)."""
 
 
+READ_CONFIGS = ((4096, 4, 8), (4096, 8, 8), (8192, 4, 16), (2048, 16, 4))
+"""(elements per step, steps per program, warps) tried by `logits_read_case`."""
+
+
+@triton.jit
+def _read_max_kernel(src, partial, n, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+    """partial[p] = max of src's elements [p * BLOCK * STEPS, (p + 1) * BLOCK * STEPS)."""
+    start = tl.program_id(0).to(tl.int64) * (BLOCK * STEPS)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    for step in range(STEPS):
+        offs = start + step * BLOCK + tl.arange(0, BLOCK)
+        best = tl.maximum(best, tl.load(src + offs, mask=offs < n, other=float("-inf")))
+    tl.store(partial + tl.program_id(0), tl.max(best, axis=0))
+
+
+def logits_read_case(rows: int, width: int, ceilings: Ceilings, device: torch.device) -> CaseResult:
+    """`one read`: the fastest of READ_CONFIGS of a Triton pass that reads `rows x width`
+    float32 once (a max per program, a few KB written), timed like every case: the measured
+    "one read of the logits" beside the nominal one (bytes / copy bandwidth), with the same
+    fixed cost per replay in it as the top-k's own time."""
+    logits = torch.randn(rows, width, device=device)
+    n = logits.numel()
+    times: dict[str, float] = {}
+    check = "OK"
+    for block, steps, warps in READ_CONFIGS:
+        partial = torch.full((cdiv(n, block * steps),), float("nan"), device=device)
+
+        def run(
+            partial: torch.Tensor = partial,
+            block: int = block,
+            steps: int = steps,
+            warps: int = warps,
+        ) -> None:
+            _read_max_kernel[(partial.numel(),)](logits, partial, n, BLOCK=block, STEPS=steps,
+                                                  num_warps=warps)  # fmt: skip
+
+        run()
+        _sync(device)
+        if not torch.equal(partial.max(), logits.max()):
+            check = f"FAIL: wrong max at {block} x {steps}"
+        times[f"{block}x{steps} w{warps}"] = round(time_case(run)[0], 1)
+    bytes_moved = float(n * 4)
+    return CaseResult(
+        "one read", f"{rows} rows x {width} cols float32", min(times.values()), bytes_moved,
+        0.0, floor_us(bytes_moved, 0.0, ceilings), check, {"configs_us": times},
+    )  # fmt: skip
+
+
 def topk_cases(
-    rows: int, width: int, k: int, ceilings: Ceilings, device: torch.device
+    rows: int,
+    width: int,
+    k: int,
+    ceilings: Ceilings,
+    device: torch.device,
+    measured_read_us: float | None = None,
 ) -> list[CaseResult]:
     """Rows: `top-k {k}` (the default config, through the op); `top-k {k} P={p}` for each
     other P in TOPK_SPLITS (`split_config(k, P)`); `top-k {k} P={default P} warps={w}` (the
     default config with 8 warps, or 4 when it has 8, the same columns per thread) and
-    `... maxnreg=80` (with the register cap TOPK_MAX_REGISTERS); `torch.topk {k}`."""
+    `... maxnreg=80` (with the register cap TOPK_MAX_REGISTERS); `torch.topk {k}`. Each
+    top-k row notes its time in reads of the logits: nominal (`x_one_read`, bytes / copy
+    bandwidth) and, given `measured_read_us` (`logits_read_case`), measured."""
     from graphidx.ops import topk_per_row
     from graphidx.ops.kernels import topk as triton_topk
 
@@ -512,6 +569,8 @@ def topk_cases(
             name, shape, elapsed, bytes_moved, 0.0, floor_us(bytes_moved, 0.0, ceilings), check,
             {**timing, "vs_torch_topk": round(torch_us / elapsed, 2),
              "x_one_read": round(elapsed / read_us, 2),
+             **({} if measured_read_us is None
+                else {"x_measured_read": round(elapsed / measured_read_us, 2)}),
              "config": f"P={config.programs_per_row} groups={config.groups} "
                        f"cap={config.capacity} warps={config.num_warps} chunk={config.chunk} "
                        f"maxnreg={config.max_registers}"},
@@ -667,11 +726,18 @@ def run_benchmarks(
             "dense decode", 32, 2, [65536 // div] * 64, 128, ceilings, device)]),
         ("prefill", lambda: [prefill_case(64, 4096 // div, 32768 // div, ceilings, device)]),
         ("gather", lambda: [gather_case(32, 2, 64, 65536 // div, 2048, 8, ceilings, device)]),
-        ("top-k 512", lambda: topk_cases(128, 65536, 512, ceilings, device)),
-        ("top-k 2048", lambda: topk_cases(128, 65536, 2048, ceilings, device)),
+        ("one read", lambda: [logits_read_case(128, 65536, ceilings, device)]),
+        ("top-k 512", lambda: topk_cases(128, 65536, 512, ceilings, device, read_us())),
+        ("top-k 2048", lambda: topk_cases(128, 65536, 2048, ceilings, device, read_us())),
         ("skewed decode", lambda: skewed_decode_cases(ceilings, device, scale=div)),
     ]  # fmt: skip
     results: list[CaseResult] = []
+
+    def read_us() -> float | None:
+        """The measured `one read` case's time, if it ran and passed."""
+        found = [r for r in results if r.name == "one read" and r.check == "OK"]
+        return found[0].time_us if found else None
+
     for label, build in cases:
         started = time.time()
         try:

@@ -25,6 +25,7 @@ CASES = {
     " use_schedule=True)",
     "decode32": 'dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, C, D)',
     "gather": "gather_case(32, 2, 64, 65536, 2048, 8, C, D)",
+    "gather64": "gather_case(64, 2, 64, 65536, 2048, 8, C, D)",
     "prefill": "prefill_case(64, 4096, 32768, C, D)",  # ~4 ms a launch
     # the default with a 168-register cap, and without the register prefetch
     "prefill168": 'prefill_case(64, 4096, 32768, C, D, name="prefill r168",'
@@ -41,12 +42,12 @@ CASES = {
 # Gather launch variants: GatherConfig(block_n, num_warps, num_stages, prefetch,
 # max_registers, split) on the gather case.
 GATHER_VARIANTS = {
-    "pf80s1536": "128, 4, 1, True, 80, 1536",
-    "nopf80s1024": "128, 4, 1, False, 80, 1024",
-    "nopf80s1536": "128, 4, 1, False, 80, 1536",
-    "nopf72s1024": "128, 4, 1, False, 72, 1024",
-    "nopf64s1024": "128, 4, 1, False, 64, 1024",
-    "nopf64s2048": "128, 4, 1, False, 64, 2048",
+    "nopf64s1024": (32, "128, 4, 1, False, 64, 1024"),
+    "64pf128": (64, "128, 4, 1, True, 128"),
+    "64nopf128": (64, "128, 4, 1, False, 128"),
+    "64nopf96": (64, "128, 4, 1, False, 96"),
+    "64b64nopf128": (64, "64, 4, 1, False, 128"),
+    "64b64nopf96": (64, "64, 4, 1, False, 96"),
 }
 # Decode launch variants: LogitsConfig(block_n, block_r, num_warps, num_stages, max_registers,
 # programs_per_sm, prefetch, halves); "s" in the name: through the decode schedule.
@@ -67,9 +68,9 @@ CASES["decode32s"] = (
 )
 CASES.update(
     {
-        f"gather{name}": f'gather_case(32, 2, 64, 65536, 2048, 8, C, D, name="gather {name}",'
-        f" config=GatherConfig({fields}))"
-        for name, fields in GATHER_VARIANTS.items()
+        f"gather{name}": f"gather_case({heads}, 2, 64, 65536, 2048, 8, C, D, "
+        f'name="gather {name}", config=GatherConfig({fields}))'
+        for name, (heads, fields) in GATHER_VARIANTS.items()
     }
 )
 

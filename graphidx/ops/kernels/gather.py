@@ -49,8 +49,9 @@ GATHER_SPLIT_COLUMNS = 2048
 """Compact columns per program by default: amortizes the Q decode and fills the GPU at 128
 rows."""
 MAX_SPLIT_COLUMNS = 1 << 20
-GATHER_MAX_REGISTERS = 64
-"""Registers per thread of the default config at <= 32 heads (`default_config`)."""
+GATHER_OCCUPANCY = {32: (64, False), 64: (128, True)}
+"""(register cap, prefetch) of the default config on NVIDIA by padded heads (16 counts as
+32; `default_config`); wider heads run uncapped with the prefetch."""
 
 REMAP_BLOCK = 1024
 MIN_MMA_COLUMNS = 16
@@ -108,21 +109,26 @@ def default_config(candidate_block_size: int, num_heads: int) -> GatherConfig:
     reads ahead (`prefetch`: 114.1 -> 108.5 us at H32, 128 x 16384, C 8 with the L1 prefetch
     of the next tile's codes, tools/device_ab.py).
 
-    Up to 32 (padded) heads on NVIDIA, occupancy wins over everything else: registers
-    capped at 64 give 8 resident programs per SM instead of 3 (159 registers uncapped), and
-    without the prefetch (whose registers cost more programs than its latency saves there):
-    tile loop 677 SASS instructions against 675, 42 local loads / stores in the kernel.
-    108.5 -> 91.5 us at H32, 128 x 16384 (C 8), BENCHMARKS.md session 10. At 64 heads a cap
-    spills hundreds of instructions per tile, so the uncapped prefetching config stays."""
+    On NVIDIA, occupancy wins over the rest (BENCHMARKS.md session 10, 128 x 16384, C 8):
+    - up to 32 padded heads, registers capped at 64 (8 resident programs per SM instead of
+      3 at 159 uncapped) and no prefetch (its registers cost more programs than its latency
+      saves): tile loop 677 SASS instructions against 675, 42 local loads / stores in the
+      kernel; H32 108.5 -> 91.4 us;
+    - at 64 heads, capped at 128 with the prefetch (4 programs instead of 2 at 194; no
+      spills, 785 instructions against 739): H64 143.3 -> 117.9 us (without the prefetch
+      128.7, capped at 96 149.2);
+    - wider heads run as before (not measured)."""
     block_n = 16 if operand_mode() == OPERANDS_FP32 else 128
     block_n = max(block_n, next_power_of_2(candidate_block_size))
-    capped = operand_mode() == BF16X2_OPERANDS.value and _padded_heads(num_heads) <= 32
+    cap, prefetch = None, True
+    if operand_mode() == BF16X2_OPERANDS.value:
+        cap, prefetch = GATHER_OCCUPANCY.get(max(_padded_heads(num_heads), 32), (None, True))
     return GatherConfig(
         block_n=block_n,
         num_warps=4,
         num_stages=1,
-        prefetch=not capped,
-        max_registers=GATHER_MAX_REGISTERS if capped else None,
+        prefetch=prefetch,
+        max_registers=cap,
         split=max(GATHER_SPLIT_COLUMNS, block_n),
     )
 
