@@ -69,6 +69,9 @@ class CaseResult:
     variant: bool = False
     """A sweep point or an alternative config of a case (in the table and the JSON, not in the
     plot)."""
+    reference: bool = False
+    """A yardstick, not a graphidx op (torch.topk, the bare `one read`): gray in the plot, as
+    is any row without a check (files written before this field)."""
 
     @property
     def tbps(self) -> float:
@@ -528,6 +531,7 @@ def logits_read_case(rows: int, width: int, ceilings: Ceilings, device: torch.de
     return CaseResult(
         "one read", f"{rows} rows x {width} cols float32", min(times.values()), bytes_moved,
         0.0, floor_us(bytes_moved, 0.0, ceilings), check, {"configs_us": times},
+        reference=True,
     )  # fmt: skip
 
 
@@ -607,7 +611,7 @@ def topk_cases(
     results.append(
         CaseResult(
             f"torch.topk {k}", shape, torch_us, bytes_moved, 0.0,
-            floor_us(bytes_moved, 0.0, ceilings), "-", torch_timing,
+            floor_us(bytes_moved, 0.0, ceilings), "-", torch_timing, reference=True,
         )
     )  # fmt: skip
     return results
@@ -815,7 +819,7 @@ def plot_roofline(results: list[CaseResult], ceilings: Ceilings, path: Path) -> 
         return _save(fig, path)
     labels = [_plot_label(r) for r in shown]
     multiples = [r.time_us / r.floor_us for r in shown]
-    colors = ["0.6" if r.check == "-" else "tab:blue" for r in shown]  # references in gray
+    colors = ["0.6" if r.reference or r.check == "-" else "tab:blue" for r in shown]
     rows = range(len(shown))
     ratio.barh(rows, multiples, color=colors)
     for row, r, multiple in zip(rows, shown, multiples, strict=True):

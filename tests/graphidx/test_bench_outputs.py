@@ -25,7 +25,9 @@ def sample_results() -> list[CaseResult]:
     )  # fmt: skip
     topk = CaseResult("top-k 512", "128 rows x 65536 cols, k 512", 33.0, 3.4e7, 0.0, 7.9, "OK")
     variant = CaseResult("top-k 512 P=2", topk.shape, 47.0, 3.4e7, 0.0, 7.9, "OK", variant=True)
-    reference = CaseResult("torch.topk 512", topk.shape, 172.0, 3.4e7, 0.0, 7.9, "-")
+    reference = CaseResult(
+        "torch.topk 512", topk.shape, 172.0, 3.4e7, 0.0, 7.9, "-", reference=True
+    )
     failed = CaseResult("sweep x", "-", 0.0, 0.0, 0.0, 0.0, "FAIL: no", variant=True)
     return [decode, topk, variant, reference, failed]
 
@@ -38,7 +40,7 @@ def test_kernels_json_round_trips(tmp_path: Path) -> None:
     payload = json.loads(written[0].read_text())
     assert payload["results"][0]["tflops"] == pytest.approx(3.4e10 / 85e-6 / 1e12)
     got, got_ceilings, meta = read_outputs(written[0])
-    assert got == results  # every field, the variant flag included
+    assert got == results  # every field, the variant and reference flags included
     assert got_ceilings == ceilings
     assert meta == {"device": "test"}
 
