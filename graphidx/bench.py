@@ -30,8 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
 
 from graphidx.config import cdiv
 from graphidx.mxfp4 import cache_layout
@@ -490,22 +488,14 @@ READ_CONFIGS = ((4096, 4, 8), (4096, 8, 8), (8192, 4, 16), (2048, 16, 4))
 """(elements per step, steps per program, warps) tried by `logits_read_case`."""
 
 
-@triton.jit
-def _read_max_kernel(src, partial, n, BLOCK: tl.constexpr, STEPS: tl.constexpr):
-    """partial[p] = max of src's elements [p * BLOCK * STEPS, (p + 1) * BLOCK * STEPS)."""
-    start = tl.program_id(0).to(tl.int64) * (BLOCK * STEPS)
-    best = tl.full([BLOCK], float("-inf"), tl.float32)
-    for step in range(STEPS):
-        offs = start + step * BLOCK + tl.arange(0, BLOCK)
-        best = tl.maximum(best, tl.load(src + offs, mask=offs < n, other=float("-inf")))
-    tl.store(partial + tl.program_id(0), tl.max(best, axis=0))
-
-
 def logits_read_case(rows: int, width: int, ceilings: Ceilings, device: torch.device) -> CaseResult:
     """`one read`: the fastest of READ_CONFIGS of a Triton pass that reads `rows x width`
     float32 once (a max per program, a few KB written), timed like every case: the measured
     "one read of the logits" beside the nominal one (bytes / copy bandwidth), with the same
-    fixed cost per replay in it as the top-k's own time."""
+    fixed cost per replay in it as the top-k's own time. Each config's partial maxima are
+    checked against torch's."""
+    from graphidx.ops.kernels.read import read_max_kernel
+
     logits = torch.randn(rows, width, device=device)
     n = logits.numel()
     times: dict[str, float] = {}
@@ -519,13 +509,15 @@ def logits_read_case(rows: int, width: int, ceilings: Ceilings, device: torch.de
             steps: int = steps,
             warps: int = warps,
         ) -> None:
-            _read_max_kernel[(partial.numel(),)](logits, partial, n, BLOCK=block, STEPS=steps,
-                                                  num_warps=warps)  # fmt: skip
+            read_max_kernel[(partial.numel(),)](logits, partial, n, BLOCK=block, STEPS=steps,
+                                                 num_warps=warps)  # fmt: skip
 
         run()
         _sync(device)
-        if not torch.equal(partial.max(), logits.max()):
-            check = f"FAIL: wrong max at {block} x {steps}"
+        padded = torch.full((partial.numel() * block * steps,), float("-inf"), device=device)
+        padded[:n] = logits.flatten()
+        if not torch.equal(partial, padded.view(partial.numel(), -1).amax(dim=1)):
+            check = f"FAIL: wrong maxima at {block} x {steps}"
         times[f"{block}x{steps} w{warps}"] = round(time_case(run)[0], 1)
     bytes_moved = float(n * 4)
     return CaseResult(

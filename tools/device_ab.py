@@ -26,6 +26,10 @@ CASES = {
     "decode32": 'dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, C, D)',
     "gather": "gather_case(32, 2, 64, 65536, 2048, 8, C, D)",
     "gather64": "gather_case(64, 2, 64, 65536, 2048, 8, C, D)",
+    "gatherC16": "gather_case(32, 2, 64, 65536, 1024, 16, C, D)",  # other block sizes
+    "gatherC64": "gather_case(32, 2, 64, 65536, 256, 64, C, D)",
+    "gather16rows": "gather_case(32, 2, 8, 65536, 2048, 8, C, D)",  # a small batch
+    "gather64x16rows": "gather_case(64, 2, 8, 65536, 2048, 8, C, D)",
     "prefill": "prefill_case(64, 4096, 32768, C, D)",  # ~4 ms a launch
     # the default with a 168-register cap, and without the register prefetch
     "prefill168": 'prefill_case(64, 4096, 32768, C, D, name="prefill r168",'

@@ -96,13 +96,13 @@ def test_read_kernel_takes_each_programs_max() -> None:
     program p writes the max of its BLOCK * STEPS elements, the last one's range masked."""
     import torch
 
-    from graphidx.bench import _read_max_kernel
+    from graphidx.ops.kernels.read import read_max_kernel
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     values = torch.randn(3, 1000, generator=torch.Generator().manual_seed(3)).to(device)
     chunk = 128 * 2
     partial = torch.full((-(-values.numel() // chunk),), float("nan"), device=device)
-    _read_max_kernel[(partial.numel(),)](values, partial, values.numel(), BLOCK=128, STEPS=2)
+    read_max_kernel[(partial.numel(),)](values, partial, values.numel(), BLOCK=128, STEPS=2)
     flat = values.flatten()
     want = torch.stack([flat[i : i + chunk].max() for i in range(0, flat.numel(), chunk)])
     assert torch.equal(partial, want)

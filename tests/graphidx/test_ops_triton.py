@@ -40,6 +40,7 @@ GPU_READY = {
     "test_dense_prefill_mma_shaped_tile_loads",
     "test_logits_config_refused",
     "test_gather_config_refused",
+    "test_gather_default_config_on_nvidia",
     "test_dense_logits_halves",
     "test_misaligned_kv_cache_refused",
     "test_cache_words_checks_the_data_pointer",
@@ -778,7 +779,12 @@ def test_dense_logits_with_schedule(gen: torch.Generator, kind: str, next_n: int
      ("next_n", [2, 2], True, True, 4, 2)],
 )  # fmt: skip
 def test_gather_logits_match_reference(
-    gen: torch.Generator, kind: str, sizes: list[int], clean: bool, prefetch: bool, size: int,
+    gen: torch.Generator,
+    kind: str,
+    sizes: list[int],
+    clean: bool,
+    prefetch: bool,
+    size: int,
     split_tiles: int | None,
 ) -> None:
     """Gather logits against the reference over 4-10 tiles per row (the prefetching loop,
@@ -821,9 +827,9 @@ def test_gather_logits_match_reference(
         if backend == "triton":
             from graphidx.ops.kernels.gather import gather_mqa_logits as triton_gather
 
-            config = dataclasses.replace(default_config(size, heads), prefetch=prefetch)
-            if split_tiles is not None:
-                config = dataclasses.replace(config, split=split_tiles * config.block_n)
+            config = dataclasses.replace(default_config(size, heads, rows, 4), prefetch=prefetch)
+            if split_tiles is not None:  # 16-column tiles on a GPU too: the width is 83
+                config = dataclasses.replace(config, block_n=16, split=split_tiles * 16)
             triton_gather(
                 q, q_scale, kv_cache, weights, context_lens, block_table, pos, live_cols, out,
                 candidate_block_size=size, clean=clean, page_entries=cache.page_entries,
@@ -842,7 +848,22 @@ def test_gather_logits_match_reference(
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("block_n", 24), ("num_warps", 3), ("num_stages", 0), ("split", 96), ("max_registers", 8)],
+    [
+        ("block_n", 24),
+        ("block_n", 4096),
+        ("num_warps", 3),
+        ("num_stages", 0),
+        ("split", 96),
+        ("split", 0),
+        ("max_registers", 8),
+        pytest.param(
+            "max_registers",
+            64,
+            marks=pytest.mark.skipif(
+                torch.version.hip is None and not INTERPRETED, reason="a valid cap on NVIDIA"
+            ),
+        ),
+    ],
 )
 def test_gather_config_refused(field: str, value: int) -> None:
     """A gather config the kernel cannot run raises ValueError naming the field."""
@@ -851,6 +872,28 @@ def test_gather_config_refused(field: str, value: int) -> None:
     bad = dataclasses.replace(GatherConfig(block_n=64, num_warps=4, num_stages=1), **{field: value})
     with pytest.raises(ValueError, match=f"config.{field}"):
         check_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("size", "heads", "programs", "want"),
+    [(8, 32, 1024, (128, 64, False)), (8, 16, 1024, (128, 64, False)),
+     (8, 32, 3 * 132, (128, None, True)), (8, 64, 1024, (128, 128, True)),
+     (8, 64, 2 * 132, (128, None, True)), (8, 128, 10**5, (128, None, True)),
+     (256, 32, 10**5, (256, None, True))],
+)  # fmt: skip
+def test_gather_default_config_on_nvidia(
+    monkeypatch: pytest.MonkeyPatch, size: int, heads: int, programs: int,
+    want: tuple[int, int | None, bool],
+) -> None:  # fmt: skip
+    """On NVIDIA the register cap (and, at <= 32 heads, no prefetch) only when the grid has
+    more programs than 132 SMs hold uncapped, and only at the measured tile and head sizes."""
+    from graphidx.ops.kernels import OPERANDS_BF16X2
+    from graphidx.ops.kernels import gather as triton_gather
+
+    monkeypatch.setattr(triton_gather, "operand_mode", lambda: OPERANDS_BF16X2)
+    config = triton_gather.default_config(size, heads, programs, 132)
+    assert (config.block_n, config.max_registers, config.prefetch) == want
+    triton_gather.check_config(config)
 
 
 def test_remap_compact_topk_in_place(gen: torch.Generator) -> None:

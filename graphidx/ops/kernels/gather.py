@@ -25,6 +25,7 @@ from graphidx.config import cdiv
 from graphidx.mxfp4 import cache_layout
 from graphidx.ops.kernels import (
     OPERANDS_FP32,
+    multiprocessor_count,
     next_power_of_2,
     operand_mode,
     require_bf16_tensor_cores,
@@ -49,9 +50,13 @@ GATHER_SPLIT_COLUMNS = 2048
 """Compact columns per program by default: amortizes the Q decode and fills the GPU at 128
 rows."""
 MAX_SPLIT_COLUMNS = 1 << 20
-GATHER_OCCUPANCY = {32: (64, False), 64: (128, True)}
-"""(register cap, prefetch) of the default config on NVIDIA by padded heads (16 counts as
-32; `default_config`); wider heads run uncapped with the prefetch."""
+MAX_BLOCK_N = GATHER_SPLIT_COLUMNS
+"""Largest tile (columns): bounds candidate_block_size through `default_config`."""
+GATHER_OCCUPANCY = {32: (64, False, 3), 64: (128, True, 2)}
+"""By padded heads (16 counts as 32), at 128-key tiles (the size measured): (register cap,
+prefetch) of the default config on NVIDIA when the grid is wider than the uncapped config
+holds at once, and how many uncapped programs an SM holds (159 / 194 registers in the sm_90
+SASS); see `default_config`. Wider heads and tiles run uncapped with the prefetch."""
 
 REMAP_BLOCK = 1024
 MIN_MMA_COLUMNS = 16
@@ -79,15 +84,15 @@ class GatherConfig:
 def check_config(config: GatherConfig) -> None:
     """ValueError naming the first field of `config` the gather kernel cannot run."""
     block_n = config.block_n
-    if block_n & (block_n - 1) or not MIN_MMA_COLUMNS <= block_n <= config.split:
+    if block_n & (block_n - 1) or not MIN_MMA_COLUMNS <= block_n <= MAX_BLOCK_N:
         raise ValueError(
-            f"config.block_n must be a power of two in [{MIN_MMA_COLUMNS}, split = "
-            f"{config.split}], got {block_n}"
+            f"config.block_n must be a power of two in [{MIN_MMA_COLUMNS}, {MAX_BLOCK_N}], "
+            f"got {block_n}"
         )
     if config.split % block_n or not block_n <= config.split <= MAX_SPLIT_COLUMNS:
         raise ValueError(
-            f"config.split must be a multiple of block_n = {block_n} up to "
-            f"{MAX_SPLIT_COLUMNS}, got {config.split}"
+            f"config.split must be a positive multiple of block_n = {block_n} (whole tiles "
+            f"per program) up to {MAX_SPLIT_COLUMNS}, got {config.split}"
         )
     if config.num_warps not in (4, 8):
         raise ValueError(f"config.num_warps must be 4 or 8, got {config.num_warps}")
@@ -99,37 +104,50 @@ def check_config(config: GatherConfig) -> None:
                 f"config.max_registers must be in [24, 255] or None, got {config.max_registers}"
             )
         if operand_mode() != BF16X2_OPERANDS.value:
-            raise ValueError("config.max_registers is an NVIDIA GPU option (Triton's maxnreg)")
+            raise ValueError(
+                f"config.max_registers is an NVIDIA GPU option (Triton's maxnreg), got "
+                f"{config.max_registers} on a {'ROCm GPU' if torch.version.hip else 'CPU'}"
+            )
 
 
-def default_config(candidate_block_size: int, num_heads: int) -> GatherConfig:
-    """128 keys per tile on a GPU (sm_90 SASS of the tile loop: 659 instructions per warp
-    and 128 keys, against 2 x 383 at 64); the loads are gathers, so no shared-memory
-    pipelining (num_stages 1): latency is hidden by resident programs and by running the
-    reads ahead (`prefetch`: 114.1 -> 108.5 us at H32, 128 x 16384, C 8 with the L1 prefetch
-    of the next tile's codes, tools/device_ab.py).
+def default_config(
+    candidate_block_size: int, num_heads: int, programs: int, multiprocessors: int
+) -> GatherConfig:
+    """The config of a launch of `programs` programs (rows x ceil(width / split)) on a GPU of
+    `multiprocessors` SMs.
 
-    On NVIDIA, occupancy wins over the rest (BENCHMARKS.md session 10, 128 x 16384, C 8):
-    - up to 32 padded heads, registers capped at 64 (8 resident programs per SM instead of
-      3 at 159 uncapped) and no prefetch (its registers cost more programs than its latency
-      saves): tile loop 677 SASS instructions against 675, 42 local loads / stores in the
-      kernel; H32 108.5 -> 91.4 us;
-    - at 64 heads, capped at 128 with the prefetch (4 programs instead of 2 at 194; no
-      spills, 785 instructions against 739): H64 143.3 -> 117.9 us (without the prefetch
-      128.7, capped at 96 149.2);
-    - wider heads run as before (not measured)."""
+    128 keys per tile on a GPU (sm_90 SASS of the tile loop: 659 instructions per warp and
+    128 keys, against 2 x 383 at 64); the loads are gathers, so no shared-memory pipelining
+    (num_stages 1): latency is hidden by resident programs and by running the reads ahead
+    (`prefetch`: 114.1 -> 108.5 us at H32, 128 x 16384, C 8 with the L1 prefetch of the next
+    tile's codes, tools/device_ab.py).
+
+    On NVIDIA, when the grid has more programs than the SMs hold uncapped (3 per SM at 32
+    heads, 2 at 64), occupancy wins over the rest (BENCHMARKS.md session 10, 128 x 16384, C 8):
+    - up to 32 padded heads, registers capped at 64 (8 resident programs per SM) and no
+      prefetch (its registers cost more programs than its latency saves): tile loop 677
+      SASS instructions against 675, 42 local loads / stores in the kernel; H32 108.5 ->
+      91.4 us;
+    - at 64 heads, capped at 128 with the prefetch (4 programs; no spills, 785 instructions
+      against 739): H64 143.3 -> 117.9 us (without the prefetch 128.7, capped at 96 149.2).
+    A grid the SMs hold at once gains nothing from more room and loses the prefetch and
+    the spills: at 16 rows (128 programs) the capped configs measured 52.2 / 43.4 us against
+    32.5 / 36.6 uncapped (H32 / H64). Wider heads, and tiles wider than 128 keys (C > 128),
+    run uncapped with the prefetch (not measured)."""
     block_n = 16 if operand_mode() == OPERANDS_FP32 else 128
     block_n = max(block_n, next_power_of_2(candidate_block_size))
     cap, prefetch = None, True
-    if operand_mode() == BF16X2_OPERANDS.value:
-        cap, prefetch = GATHER_OCCUPANCY.get(max(_padded_heads(num_heads), 32), (None, True))
+    if operand_mode() == BF16X2_OPERANDS.value and block_n == 128:
+        tuned = GATHER_OCCUPANCY.get(max(_padded_heads(num_heads), 32))
+        if tuned is not None and programs > tuned[2] * multiprocessors:
+            cap, prefetch = tuned[0], tuned[1]
     return GatherConfig(
         block_n=block_n,
         num_warps=4,
         num_stages=1,
         prefetch=prefetch,
         max_registers=cap,
-        split=max(GATHER_SPLIT_COLUMNS, block_n),
+        split=GATHER_SPLIT_COLUMNS,
     )
 
 
@@ -389,7 +407,10 @@ def gather_mqa_logits(
         num_seqs = rows // rows_per_seq
     sub, run = tile_split(head_dim)
     require_bf16_tensor_cores(q.device)
-    cfg = config or default_config(candidate_block_size, num_heads)
+    programs = rows * cdiv(out_width, GATHER_SPLIT_COLUMNS)
+    cfg = config or default_config(
+        candidate_block_size, num_heads, programs, multiprocessor_count(q.device)
+    )
     check_config(cfg)
     kv_words = cache_words(kv_cache)
     if rows == 0 or out_width == 0:
