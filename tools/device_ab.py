@@ -30,6 +30,13 @@ CASES = {
     "gatherC64": "gather_case(32, 2, 64, 65536, 256, 64, C, D)",
     "gather16rows": "gather_case(32, 2, 8, 65536, 2048, 8, C, D)",  # a small batch
     "gather64x16rows": "gather_case(64, 2, 8, 65536, 2048, 8, C, D)",
+    # a small batch with the occupancy config at finer splits (GatherConfig fields as below)
+    "gather16rows512": "gather_case(32, 2, 8, 65536, 2048, 8, C, D,"
+    ' name="gather 16 rows split 512", config=GatherConfig(128, 4, 1, False, 64, 512))',
+    "gather16rows256": "gather_case(32, 2, 8, 65536, 2048, 8, C, D,"
+    ' name="gather 16 rows split 256", config=GatherConfig(128, 4, 1, False, 64, 256))',
+    "gather64x16rows512": "gather_case(64, 2, 8, 65536, 2048, 8, C, D,"
+    ' name="gather H64 16 rows split 512", config=GatherConfig(128, 4, 1, True, 128, 512))',
     "prefill": "prefill_case(64, 4096, 32768, C, D)",  # ~4 ms a launch
     # the default with a 168-register cap, and without the register prefetch
     "prefill168": 'prefill_case(64, 4096, 32768, C, D, name="prefill r168",'
