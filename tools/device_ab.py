@@ -47,7 +47,8 @@ CASES = {
     "topk2048": "topk_default(2048)",
     "topk512r16": "topk_default(512, rows=16)",  # the split path, P = 8
     "topk512w1m": "topk_default(512, rows=1, width=1 << 20)",  # one wide row, P = 128
-    "read": "read_logits()",  # one read of the top-k's logits (torch.amax per row)
+    "read": "logits_read_case(128, 65536, C, D)",  # one read of the top-k's logits (Triton)
+    "readamax": "read_logits()",  # the same read by torch.amax per row
     "readsum": "read_logits(per_row=False)",  # the same read as one torch.sum
 }
 # Gather launch variants: GatherConfig(block_n, num_warps, num_stages, prefetch,
@@ -85,7 +86,7 @@ CASES.update(
     }
 )
 
-CHILD = """
+PRELUDE = """
 import json, sys, types, torch
 import graphidx.bench as bench
 from graphidx.ops import topk_per_row
@@ -126,10 +127,18 @@ def read_logits(rows=128, width=65536, per_row=True):
 scope = dict(vars(bench), C=bench.Ceilings(), D=torch.device("cuda"), topk_default=topk_default,
              read_logits=read_logits, LogitsConfig=LogitsConfig,
              GatherConfig=GatherConfig)
+"""
+"""Defines `scope`, where every CASES expression evaluates to one result with `time_us` and
+`check` (shared with tools/device_kernel_time.py)."""
+
+CHILD = (
+    PRELUDE
+    + """
 for name in sys.argv[1:]:
     result = eval(CASES[name], scope)
     print("AB " + json.dumps([name, result.time_us, result.check]), flush=True)
 """
+)
 
 
 def run_tree(root: str, cases: list[str]) -> dict[str, tuple[float, str]]:
