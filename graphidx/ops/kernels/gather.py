@@ -16,6 +16,7 @@ outside [0, context)) are -inf and read nothing; columns >= live are untouched u
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -52,11 +53,21 @@ rows."""
 MAX_SPLIT_COLUMNS = 1 << 20
 MAX_BLOCK_N = GATHER_SPLIT_COLUMNS
 """Largest tile (columns): bounds candidate_block_size through `default_config`."""
-GATHER_OCCUPANCY = {32: (64, False, 3), 64: (128, True, 2)}
-"""By padded heads (16 counts as 32), at 128-key tiles (the size measured): (register cap,
-prefetch) of the default config on NVIDIA when the grid is wider than the uncapped config
-holds at once, and how many uncapped programs an SM holds (159 / 194 registers in the sm_90
-SASS); see `default_config`. Wider heads and tiles run uncapped with the prefetch."""
+
+
+class Occupancy(NamedTuple):
+    """The default config's occupancy trade at one head count (`default_config`)."""
+
+    max_registers: int
+    prefetch: bool
+    uncapped_programs_per_sm: int
+    """Programs an SM holds without the cap (by the sm_90 SASS's register count)."""
+
+
+GATHER_OCCUPANCY = {32: Occupancy(64, False, 3), 64: Occupancy(128, True, 2)}
+"""By padded heads (16 counts as 32), at 128-key tiles (the size measured), on NVIDIA: the cap
+and prefetch used when the grid is wider than the uncapped config holds at once (159 / 194
+registers uncapped). Wider heads and tiles run uncapped with the prefetch."""
 
 REMAP_BLOCK = 1024
 MIN_MMA_COLUMNS = 16
@@ -139,8 +150,8 @@ def default_config(
     cap, prefetch = None, True
     if operand_mode() == BF16X2_OPERANDS.value and block_n == 128:
         tuned = GATHER_OCCUPANCY.get(max(_padded_heads(num_heads), 32))
-        if tuned is not None and programs > tuned[2] * multiprocessors:
-            cap, prefetch = tuned[0], tuned[1]
+        if tuned is not None and programs > tuned.uncapped_programs_per_sm * multiprocessors:
+            cap, prefetch = tuned.max_registers, tuned.prefetch
     return GatherConfig(
         block_n=block_n,
         num_warps=4,
