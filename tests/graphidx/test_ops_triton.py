@@ -827,7 +827,8 @@ def test_gather_logits_match_reference(
         if backend == "triton":
             from graphidx.ops.kernels.gather import gather_mqa_logits as triton_gather
 
-            config = dataclasses.replace(default_config(size, heads, rows, 4), prefetch=prefetch)
+            config = default_config(size, heads, rows, width, 4)
+            config = dataclasses.replace(config, prefetch=prefetch)
             if split_tiles is not None:  # 16-column tiles on a GPU too: the width is 83
                 config = dataclasses.replace(config, block_n=16, split=split_tiles * 16)
             triton_gather(
@@ -875,24 +876,25 @@ def test_gather_config_refused(field: str, value: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("size", "heads", "programs", "want"),
-    [(8, 32, 1024, (128, 64, False)), (8, 16, 1024, (128, 64, False)),
-     (8, 32, 3 * 132, (128, None, True)), (8, 64, 1024, (128, 128, True)),
-     (8, 64, 2 * 132, (128, None, True)), (8, 128, 10**5, (128, None, True)),
-     (256, 32, 10**5, (256, None, True))],
+    ("size", "heads", "rows", "want"),
+    [(8, 32, 128, (128, 64, False, 2048)), (8, 16, 128, (128, 64, False, 2048)),
+     (8, 32, 16, (128, 64, False, 512)), (8, 32, 1, (128, None, True, 512)),
+     (8, 64, 128, (128, 128, True, 2048)), (8, 64, 16, (128, 128, True, 512)),
+     (8, 128, 10**4, (128, None, True, 2048)), (256, 32, 10**4, (256, None, True, 2048))],
 )  # fmt: skip
 def test_gather_default_config_on_nvidia(
-    monkeypatch: pytest.MonkeyPatch, size: int, heads: int, programs: int,
-    want: tuple[int, int | None, bool],
+    monkeypatch: pytest.MonkeyPatch, size: int, heads: int, rows: int,
+    want: tuple[int, int | None, bool, int],
 ) -> None:  # fmt: skip
-    """On NVIDIA the register cap (and, at <= 32 heads, no prefetch) only when the grid has
-    more programs than 132 SMs hold uncapped, and only at the measured tile and head sizes."""
+    """On NVIDIA (132 SMs, 16384 columns) a small batch's rows are split finer until the grid
+    outgrows what the SMs hold uncapped; the register cap (and, at <= 32 heads, no prefetch)
+    only then, and only at the measured tile and head sizes."""
     from graphidx.ops.kernels import OPERANDS_BF16X2
     from graphidx.ops.kernels import gather as triton_gather
 
     monkeypatch.setattr(triton_gather, "operand_mode", lambda: OPERANDS_BF16X2)
-    config = triton_gather.default_config(size, heads, programs, 132)
-    assert (config.block_n, config.max_registers, config.prefetch) == want
+    config = triton_gather.default_config(size, heads, rows, 16384, 132)
+    assert (config.block_n, config.max_registers, config.prefetch, config.split) == want
     triton_gather.check_config(config)
 
 

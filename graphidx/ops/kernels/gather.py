@@ -68,6 +68,9 @@ GATHER_OCCUPANCY = {32: Occupancy(64, False, 3), 64: Occupancy(128, True, 2)}
 """By padded heads (16 counts as 32), at 128-key tiles (the size measured), on NVIDIA: the cap
 and prefetch used when the grid is wider than the uncapped config holds at once (159 / 194
 registers uncapped). Wider heads and tiles run uncapped with the prefetch."""
+MIN_SPLIT_TILES = 4
+"""Fewest tiles per program `default_config` splits a small batch's rows into (each program
+decodes its row's queries once)."""
 
 REMAP_BLOCK = 1024
 MIN_MMA_COLUMNS = 16
@@ -122,10 +125,14 @@ def check_config(config: GatherConfig) -> None:
 
 
 def default_config(
-    candidate_block_size: int, num_heads: int, programs: int, multiprocessors: int
+    candidate_block_size: int, num_heads: int, rows: int, width: int, multiprocessors: int
 ) -> GatherConfig:
-    """The config of a launch of `programs` programs (rows x ceil(width / split)) on a GPU of
+    """The config of a launch over `rows` x `width` compact columns on a GPU of
     `multiprocessors` SMs.
+
+    UNMEASURED (branch exp/gather-small-batch-split): a grid the SMs hold uncapped at
+    GATHER_SPLIT_COLUMNS is split finer (halving the split down to MIN_SPLIT_TILES tiles per
+    program) until it outgrows them, so a small batch also gets the occupancy config.
 
     128 keys per tile on a GPU (sm_90 SASS of the tile loop: 659 instructions per warp and
     128 keys, against 2 x 383 at 64); the loads are gathers, so no shared-memory pipelining
@@ -147,18 +154,22 @@ def default_config(
     run uncapped with the prefetch (not measured)."""
     block_n = 16 if operand_mode() == OPERANDS_FP32 else 128
     block_n = max(block_n, next_power_of_2(candidate_block_size))
-    cap, prefetch = None, True
+    cap, prefetch, split = None, True, GATHER_SPLIT_COLUMNS
     if operand_mode() == BF16X2_OPERANDS.value and block_n == 128:
         tuned = GATHER_OCCUPANCY.get(max(_padded_heads(num_heads), 32))
-        if tuned is not None and programs > tuned.uncapped_programs_per_sm * multiprocessors:
-            cap, prefetch = tuned.max_registers, tuned.prefetch
+        if tuned is not None:
+            held = tuned.uncapped_programs_per_sm * multiprocessors
+            while split > MIN_SPLIT_TILES * block_n and rows * cdiv(width, split) <= held:
+                split //= 2
+            if rows * cdiv(width, split) > held:
+                cap, prefetch = tuned.max_registers, tuned.prefetch
     return GatherConfig(
         block_n=block_n,
         num_warps=4,
         num_stages=1,
         prefetch=prefetch,
         max_registers=cap,
-        split=GATHER_SPLIT_COLUMNS,
+        split=split,
     )
 
 
@@ -418,9 +429,8 @@ def gather_mqa_logits(
         num_seqs = rows // rows_per_seq
     sub, run = tile_split(head_dim)
     require_bf16_tensor_cores(q.device)
-    programs = rows * cdiv(out_width, GATHER_SPLIT_COLUMNS)
     cfg = config or default_config(
-        candidate_block_size, num_heads, programs, multiprocessor_count(q.device)
+        candidate_block_size, num_heads, rows, out_width, multiprocessor_count(q.device)
     )
     check_config(cfg)
     kv_words = cache_words(kv_cache)
