@@ -130,9 +130,10 @@ def default_config(
     """The config of a launch over `rows` x `width` compact columns on a GPU of
     `multiprocessors` SMs.
 
-    UNMEASURED (branch exp/gather-small-batch-split): a grid the SMs hold uncapped at
-    GATHER_SPLIT_COLUMNS is split finer (halving the split down to MIN_SPLIT_TILES tiles per
-    program) until it outgrows them, so a small batch also gets the occupancy config.
+    A grid the SMs hold uncapped at GATHER_SPLIT_COLUMNS is split finer (halving the split
+    down to MIN_SPLIT_TILES tiles per program) until it outgrows them, so a small batch also
+    gets the occupancy config: 16 rows x 16384, C 8, H32 32.6 -> 21.7 us, H64 36.1 -> 22.5
+    (split 512; 128 rows unchanged; tools/device_ab.py, session 11).
 
     128 keys per tile on a GPU (sm_90 SASS of the tile loop: 659 instructions per warp and
     128 keys, against 2 x 383 at 64); the loads are gathers, so no shared-memory pipelining
@@ -149,9 +150,10 @@ def default_config(
     - at 64 heads, capped at 128 with the prefetch (4 programs; no spills, 785 instructions
       against 739): H64 143.3 -> 117.9 us (without the prefetch 128.7, capped at 96 149.2).
     A grid the SMs hold at once gains nothing from more room and loses the prefetch and
-    the spills: at 16 rows (128 programs) the capped configs measured 52.2 / 43.4 us against
-    32.5 / 36.6 uncapped (H32 / H64). Wider heads, and tiles wider than 128 keys (C > 128),
-    run uncapped with the prefetch (not measured)."""
+    the spills: at 16 rows and the full split (128 programs) the capped configs measured
+    52.2 / 43.4 us against 32.5 / 36.6 uncapped (H32 / H64), hence the finer split first.
+    Wider heads, and tiles wider than 128 keys (C > 128), run uncapped with the prefetch
+    (not measured)."""
     block_n = 16 if operand_mode() == OPERANDS_FP32 else 128
     block_n = max(block_n, next_power_of_2(candidate_block_size))
     cap, prefetch, split = None, True, GATHER_SPLIT_COLUMNS
