@@ -3,8 +3,8 @@
 Each case builds random inputs at full size on the GPU, checks the Triton kernel against the
 torch reference (on a sample of rows where the reference would be slow), times it (`time_case`:
 the median of CUDA-graph replays, each started with an L2 holding none of the case's data and
-no dirty lines; the eager do_bench figure of earlier sessions rides along in the notes) and
-compares it with its floor:
+no dirty lines; the notes add the replay's device span without its launch, `kernel_us`, and
+the eager do_bench figure of earlier sessions) and compares it with its floor:
 
     floor = max(bytes / copy bandwidth, flops / bf16 matmul throughput)
 
@@ -22,6 +22,7 @@ import argparse
 import functools
 import itertools
 import json
+import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -163,20 +164,93 @@ def time_us_graph(
     to its last's end, so whenever the host takes longer to issue them than the GPU to run
     them, the host's time is in the figure. `fn` runs once eagerly first (compiling).
     """
+    return time_us(_captured(fn).replay, warmup_ms=warmup_ms, rep_ms=rep_ms, l2=l2)
+
+
+def _captured(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """`fn` run once eagerly (compiling), then captured in a CUDA graph."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
     torch.cuda.synchronize()
-    return time_us(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms, l2=l2)
+    return graph
 
 
-def time_case(fn: Callable[[], object]) -> tuple[float, dict[str, float]]:
+def time_case(fn: Callable[[], object]) -> tuple[float, dict[str, Any]]:
     """(time, notes) of one benchmark case: the time is one CUDA-graph replay with a clean
-    L2 (`time_us_graph`), how graphidx runs its ops; the notes keep the eager time with
-    do_bench's dirty L2 flush (`eager_dirty_us`), the method of the figures before session 4."""
-    return time_us_graph(fn), {"eager_dirty_us": round(time_us(fn, l2="dirty"), 1)}
+    L2 (`time_us_graph`), how graphidx runs its ops; the notes keep the same replay's device
+    span (`kernel_us`, `kernel_span_us`: the time without the replay's fixed launch cost) and
+    the eager time with do_bench's dirty L2 flush (`eager_dirty_us`), the method of the
+    figures before session 4."""
+    graph = _captured(fn)
+    return time_us(graph.replay), {
+        "kernel_us": kernel_span_us(graph.replay),
+        "eager_dirty_us": round(time_us(fn, l2="dirty"), 1),
+    }
+
+
+KERNEL_REPS = 20
+"""Runs whose device spans `kernel_span_us` takes the median of."""
+
+
+def kernel_span_us(run: Callable[[], object], reps: int = KERNEL_REPS) -> float | str:
+    """Median device span of one `run`, in microseconds: from the start of its first device
+    activity (kernel, memset, copy) to the end of its last, as the profiler records them
+    (CUPTI / roctracer, graph replays included), each run after the L2 flush of `time_us`.
+    Leaves out what a replay's events also time: the launch before the first kernel starts.
+    A string saying why when the profiler records none of `run`'s activities."""
+    flush, sink = _flush_buffers(torch.cuda.current_device())
+
+    def flush_l2() -> None:
+        torch.sum(flush, dim=0, out=sink)
+
+    per_flush, per_run = len(_device_activities(flush_l2)), len(_device_activities(run))
+    if per_flush == 0 or per_run == 0:
+        return "n/a: the profiler recorded no device activity"
+
+    def runs() -> None:
+        for _ in range(reps):
+            flush_l2()
+            run()
+
+    spans = launch_spans(_device_activities(runs), per_flush, per_run, reps)
+    return round(statistics.median(spans), 1)
+
+
+def launch_spans(
+    activities: list[tuple[float, float]], before: int, per_run: int, reps: int
+) -> list[float]:
+    """The span (last end - first start) of each run's activities, from `(start, end)` pairs
+    sorted by start that repeat `reps` times as `before` others (the L2 flush) then `per_run`
+    of the run's own. ValueError unless there are exactly that many."""
+    group = before + per_run
+    if before < 0 or per_run < 1 or reps < 1 or len(activities) != reps * group:
+        raise ValueError(
+            f"expected {reps} x ({before} + {per_run}) device activities, got {len(activities)}"
+        )
+    spans = []
+    for rep in range(reps):
+        own = activities[rep * group + before : (rep + 1) * group]
+        spans.append(max(end for _, end in own) - min(start for start, _ in own))
+    return spans
+
+
+def _device_activities(run: Callable[[], object]) -> list[tuple[float, float]]:
+    """(start, end) in us of every device activity `run` causes, sorted by start."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as prof:
+        run()
+        torch.cuda.synchronize()
+    found = [
+        (float(event.time_range.start), float(event.time_range.end))
+        for event in prof.events()
+        if event.device_type == DeviceType.CUDA
+    ]
+    return sorted(found)
 
 
 def measure_ceilings(device: torch.device) -> Ceilings:
@@ -492,13 +566,14 @@ def logits_read_case(rows: int, width: int, ceilings: Ceilings, device: torch.de
     """`one read`: the fastest of READ_CONFIGS of a Triton pass that reads `rows x width`
     float32 once (a max per program, a few KB written), timed like every case: the measured
     "one read of the logits" beside the nominal one (bytes / copy bandwidth), with the same
-    fixed cost per replay in it as the top-k's own time. Each config's partial maxima are
-    checked against torch's."""
+    fixed cost per replay in it as the top-k's own time; its `kernel_us` is the shortest
+    device span of the configs. Each config's partial maxima are checked against torch's."""
     from graphidx.ops.kernels.read import read_max_kernel
 
     logits = torch.randn(rows, width, device=device)
     n = logits.numel()
     times: dict[str, float] = {}
+    kernels: dict[str, float | str] = {}
     check = "OK"
     for block, steps, warps in READ_CONFIGS:
         partial = torch.full((cdiv(n, block * steps),), float("nan"), device=device)
@@ -518,11 +593,16 @@ def logits_read_case(rows: int, width: int, ceilings: Ceilings, device: torch.de
         padded[:n] = logits.flatten()
         if not torch.equal(partial, padded.view(partial.numel(), -1).amax(dim=1)):
             check = f"FAIL: wrong maxima at {block} x {steps}"
-        times[f"{block}x{steps} w{warps}"] = round(time_case(run)[0], 1)
+        label = f"{block}x{steps} w{warps}"
+        elapsed, timing = time_case(run)
+        times[label], kernels[label] = round(elapsed, 1), timing["kernel_us"]
     bytes_moved = float(n * 4)
+    spans = [span for span in kernels.values() if isinstance(span, float)]
     return CaseResult(
         "one read", f"{rows} rows x {width} cols float32", min(times.values()), bytes_moved,
-        0.0, floor_us(bytes_moved, 0.0, ceilings), check, {"configs_us": times},
+        0.0, floor_us(bytes_moved, 0.0, ceilings), check,
+        {"kernel_us": min(spans) if spans else next(iter(kernels.values())),
+         "configs_us": times, "configs_kernel_us": kernels},
         reference=True,
     )  # fmt: skip
 
@@ -533,14 +613,16 @@ def topk_cases(
     k: int,
     ceilings: Ceilings,
     device: torch.device,
-    measured_read_us: float | None = None,
+    measured_read: CaseResult | None = None,
 ) -> list[CaseResult]:
     """Rows: `top-k {k}` (the default config, through the op); `top-k {k} P={p}` for each
     other P in TOPK_SPLITS (`split_config(k, P)`); `top-k {k} P={default P} warps={w}` (the
     default config with 8 warps, or 4 when it has 8, the same columns per thread) and
     `... maxnreg=80` (with the register cap TOPK_MAX_REGISTERS); `torch.topk {k}`. Each
-    top-k row notes its time in reads of the logits: nominal (`x_one_read`, bytes / copy
-    bandwidth) and, given `measured_read_us` (`logits_read_case`), measured."""
+    top-k row notes its time in reads of the logits: replay time over the nominal read
+    (`x_one_read`, bytes / copy bandwidth) and, given `measured_read` (`logits_read_case`),
+    over the measured read's (`x_measured_read`); device spans (`kernel_us`) over the nominal
+    read (`x_kernel_one_read`) and over the measured read's span (`x_kernel_read`)."""
     from graphidx.ops import topk_per_row
     from graphidx.ops.kernels import topk as triton_topk
 
@@ -564,9 +646,7 @@ def topk_cases(
         return CaseResult(
             name, shape, elapsed, bytes_moved, 0.0, floor_us(bytes_moved, 0.0, ceilings), check,
             {**timing, "vs_torch_topk": round(torch_us / elapsed, 2),
-             "x_one_read": round(elapsed / read_us, 2),
-             **({} if measured_read_us is None
-                else {"x_measured_read": round(elapsed / measured_read_us, 2)}),
+             **read_multiples(elapsed, timing["kernel_us"], read_us, measured_read),
              "config": f"P={config.programs_per_row} groups={config.groups} "
                        f"cap={config.capacity} warps={config.num_warps} chunk={config.chunk} "
                        f"maxnreg={config.max_registers}"},
@@ -607,6 +687,22 @@ def topk_cases(
         )
     )  # fmt: skip
     return results
+
+
+def read_multiples(
+    replay: float, kernel: float | str, nominal_read: float, measured_read: CaseResult | None
+) -> dict[str, float]:
+    """A top-k's `replay` time and device span `kernel` (us) in reads of its logits, for
+    `topk_cases`' notes; the kernel ones only where both spans are numbers."""
+    found = {"x_one_read": round(replay / nominal_read, 2)}
+    if isinstance(kernel, float):
+        found["x_kernel_one_read"] = round(kernel / nominal_read, 2)
+    if measured_read is not None:
+        found["x_measured_read"] = round(replay / measured_read.time_us, 2)
+        read_kernel = measured_read.notes.get("kernel_us")
+        if isinstance(kernel, float) and isinstance(read_kernel, float):
+            found["x_kernel_read"] = round(kernel / read_kernel, 2)
+    return found
 
 
 def skewed_decode_cases(
@@ -723,16 +819,16 @@ def run_benchmarks(
         ("prefill", lambda: [prefill_case(64, 4096 // div, 32768 // div, ceilings, device)]),
         ("gather", lambda: [gather_case(32, 2, 64, 65536 // div, 2048, 8, ceilings, device)]),
         ("one read", lambda: [logits_read_case(128, 65536, ceilings, device)]),
-        ("top-k 512", lambda: topk_cases(128, 65536, 512, ceilings, device, read_us())),
-        ("top-k 2048", lambda: topk_cases(128, 65536, 2048, ceilings, device, read_us())),
+        ("top-k 512", lambda: topk_cases(128, 65536, 512, ceilings, device, one_read())),
+        ("top-k 2048", lambda: topk_cases(128, 65536, 2048, ceilings, device, one_read())),
         ("skewed decode", lambda: skewed_decode_cases(ceilings, device, scale=div)),
     ]  # fmt: skip
     results: list[CaseResult] = []
 
-    def read_us() -> float | None:
-        """The measured `one read` case's time, if it ran and passed."""
+    def one_read() -> CaseResult | None:
+        """The measured `one read` case, if it ran and passed."""
         found = [r for r in results if r.name == "one read" and r.check == "OK"]
-        return found[0].time_us if found else None
+        return found[0] if found else None
 
     for label, build in cases:
         started = time.time()
@@ -755,16 +851,24 @@ def run_benchmarks(
 
 
 def format_table(results: list[CaseResult]) -> str:
+    """One line per case: replay time, device span (`kernel us`, from the notes; `-` where
+    not measured), floor, achieved rates and % of floor (from the replay time), check, and
+    the other notes."""
     header = (
-        f"{'case':<26} {'shape':<52} {'time us':>10} {'floor us':>9} {'TB/s':>6} "
-        f"{'TFLOP/s':>8} {'% floor':>8}  check"
+        f"{'case':<26} {'shape':<52} {'time us':>10} {'kernel us':>10} {'floor us':>9} "
+        f"{'TB/s':>6} {'TFLOP/s':>8} {'% floor':>8}  check"
     )
     lines = [header, "-" * len(header)]
     for r in results:
+        kernel = r.notes.get("kernel_us")
+        span = f"{kernel:>10.1f}" if isinstance(kernel, float) else f"{'-':>10}"
+        rest = {key: value for key, value in r.notes.items() if key != "kernel_us"}
+        if kernel is not None and not isinstance(kernel, float):
+            rest["kernel_us"] = kernel  # why there is no span
         lines.append(
-            f"{r.name:<26} {r.shape:<52} {r.time_us:>10.1f} {r.floor_us:>9.1f} {r.tbps:>6.2f} "
-            f"{r.tflops:>8.1f} {r.pct_of_floor:>7.0f}%  {r.check}"
-            + (f"  {r.notes}" if r.notes else "")
+            f"{r.name:<26} {r.shape:<52} {r.time_us:>10.1f} {span} {r.floor_us:>9.1f} "
+            f"{r.tbps:>6.2f} {r.tflops:>8.1f} {r.pct_of_floor:>7.0f}%  {r.check}"
+            + (f"  {rest}" if rest else "")
         )
     return "\n".join(lines)
 

@@ -6,7 +6,9 @@ A kernel change is judged against the code before it on the same machine in the 
 each round runs the chosen `graphidx.bench` cases once per tree, each tree in its own process
 (so each imports its own `graphidx`), the order of the trees reversed every other round.
 Every case is checked against the reference as in the bench (a FAIL is printed). Prints one
-line per case and round, then each tree's medians and their ratio to the first tree's.
+line per case and round (replay time, and the replay's device span where the tree's bench
+measures it, `kernel_us`), then each tree's median replay times and their ratio to the first
+tree's.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ def topk_default(k, rows=128, width=65536):
     want = torch.topk(logits, k, dim=1).values.sort(dim=1).values
     got = logits.gather(1, out.clamp(min=0).long()).sort(dim=1).values
     check = "OK" if torch.equal(got, want) else "FAIL: wrong picks"
-    return types.SimpleNamespace(time_us=bench.time_case(run)[0], check=check)
+    time_us, notes = bench.time_case(run)
+    return types.SimpleNamespace(time_us=time_us, check=check, notes=notes)
 
 def read_logits(rows=128, width=65536, per_row=True):
     # One read of the top-k cases' logits, timed like them: a measured "one read".
@@ -122,26 +125,28 @@ def read_logits(rows=128, width=65536, per_row=True):
         want = logits.sum()
     run()
     check = "OK" if torch.allclose(out, want) else "FAIL: wrong result"
-    return types.SimpleNamespace(time_us=bench.time_case(run)[0], check=check)
+    time_us, notes = bench.time_case(run)
+    return types.SimpleNamespace(time_us=time_us, check=check, notes=notes)
 
 scope = dict(vars(bench), C=bench.Ceilings(), D=torch.device("cuda"), topk_default=topk_default,
              read_logits=read_logits, LogitsConfig=LogitsConfig,
              GatherConfig=GatherConfig)
 """
-"""Defines `scope`, where every CASES expression evaluates to one result with `time_us` and
-`check` (shared with tools/device_kernel_time.py)."""
+"""Defines `scope`, where every CASES expression evaluates to one result with `time_us`,
+`check` and `notes` (its device span `kernel_us` there when the tree's bench measures it)."""
 
 CHILD = (
     PRELUDE
     + """
 for name in sys.argv[1:]:
     result = eval(CASES[name], scope)
-    print("AB " + json.dumps([name, result.time_us, result.check]), flush=True)
+    kernel = result.notes.get("kernel_us")
+    print("AB " + json.dumps([name, result.time_us, result.check, kernel]), flush=True)
 """
 )
 
 
-def run_tree(root: str, cases: list[str]) -> dict[str, tuple[float, str]]:
+def run_tree(root: str, cases: list[str]) -> dict[str, tuple[float, str, object]]:
     """Time `cases` with the graphidx of `root` in a fresh process."""
     env = dict(os.environ, PYTHONPATH=root)
     code = f"CASES = {CASES!r}\n{CHILD}"
@@ -151,8 +156,8 @@ def run_tree(root: str, cases: list[str]) -> dict[str, tuple[float, str]]:
     found = {}
     for line in done.stdout.splitlines():
         if line.startswith("AB "):
-            name, time_us, check = json.loads(line[3:])
-            found[name] = (time_us, check)
+            name, time_us, check, kernel = json.loads(line[3:])
+            found[name] = (time_us, check, kernel)
     if done.returncode != 0:
         print(done.stderr[-2000:], file=sys.stderr)
     return found
@@ -174,10 +179,11 @@ def main() -> int:
     for round_index in range(args.rounds):
         order = names if round_index % 2 == 0 else names[::-1]
         for tree in order:
-            for name, (time_us, check) in run_tree(trees[tree], cases).items():
+            for name, (time_us, check, kernel) in run_tree(trees[tree], cases).items():
                 times.setdefault((tree, name), []).append(time_us)
                 failed |= check != "OK"
-                print(f"round {round_index} {tree:12} {name:10} {time_us:9.1f} us  {check}")
+                span = f"kernel {kernel:7.1f} us" if isinstance(kernel, float) else ""
+                print(f"round {round_index} {tree:12} {name:10} {time_us:9.1f} us  {span}  {check}")
     print("\nmedian us (ratio to " + names[0] + ")")
     print(f"{'case':10} " + " ".join(f"{t:>20}" for t in names))
     for name in cases:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ from graphidx.bench import (
     CaseResult,
     Ceilings,
     _plot_label,
+    format_table,
+    launch_spans,
+    read_multiples,
     read_outputs,
     replot,
     write_outputs,
@@ -21,7 +25,7 @@ from graphidx.cli import main
 def sample_results() -> list[CaseResult]:
     decode = CaseResult(
         "dense decode", "H64 next_n 2, 64 seqs, 1048576 keys", 85.0, 8.0e7, 3.4e10, 43.5, "OK",
-        {"eager_dirty_us": 86.0},
+        {"kernel_us": 81.5, "eager_dirty_us": 86.0},
     )  # fmt: skip
     topk = CaseResult("top-k 512", "128 rows x 65536 cols, k 512", 33.0, 3.4e7, 0.0, 7.9, "OK")
     variant = CaseResult("top-k 512 P=2", topk.shape, 47.0, 3.4e7, 0.0, 7.9, "OK", variant=True)
@@ -106,3 +110,44 @@ def test_read_kernel_takes_each_programs_max() -> None:
     flat = values.flatten()
     want = torch.stack([flat[i : i + chunk].max() for i in range(0, flat.numel(), chunk)])
     assert torch.equal(partial, want)
+
+
+def test_launch_spans_take_each_runs_own_activities() -> None:
+    # Two reps of (flush: 2 activities) then (run: 2 activities); each span is the run's
+    # first start to its last end, the flush's activities left out.
+    activities = [(0.0, 50.0), (50.0, 60.0), (61.0, 70.0), (70.5, 80.0),
+                  (100.0, 150.0), (150.0, 160.0), (162.0, 170.0), (171.0, 175.0)]  # fmt: skip
+    assert launch_spans(activities, 2, 2, 2) == [19.0, 13.0]
+    assert launch_spans(activities, 3, 1, 2) == [9.5, 4.0]
+
+
+@pytest.mark.parametrize("before, per_run, reps", [(2, 2, 3), (2, 1, 2), (1, 0, 4), (-1, 3, 2)])
+def test_launch_spans_refuse_a_count_that_does_not_add_up(
+    before: int, per_run: int, reps: int
+) -> None:
+    activities = [(float(i), i + 0.5) for i in range(8)]
+    with pytest.raises(ValueError, match="device activities"):
+        launch_spans(activities, before, per_run, reps)
+
+
+def test_table_has_the_kernel_span_column() -> None:
+    decode, topk, *_ = sample_results()
+    unmeasured = CaseResult("x", "-", 5.0, 1.0, 0.0, 1.0, "OK", {"kernel_us": "n/a: why"})
+    lines = format_table([decode, topk, unmeasured]).splitlines()
+    assert "kernel us" in lines[0]
+    assert " 85.0       81.5 " in lines[2] and "kernel_us" not in lines[2]
+    assert re.search(r" 33\.0 +- ", lines[3])  # no notes, no span
+    assert "'kernel_us': 'n/a: why'" in lines[4]
+
+
+def test_read_multiples_of_a_topk() -> None:
+    read = CaseResult("one read", "-", 12.0, 1.0, 0.0, 1.0, "OK", {"kernel_us": 9.0})
+    assert read_multiples(24.0, 18.0, 8.0, read) == {
+        "x_one_read": 3.0, "x_kernel_one_read": 2.25, "x_measured_read": 2.0,
+        "x_kernel_read": 2.0,
+    }  # fmt: skip
+    assert read_multiples(24.0, "n/a: none", 8.0, None) == {"x_one_read": 3.0}
+    no_span = CaseResult("one read", "-", 12.0, 1.0, 0.0, 1.0, "OK", {"kernel_us": "n/a"})
+    assert read_multiples(24.0, 18.0, 8.0, no_span) == {
+        "x_one_read": 3.0, "x_kernel_one_read": 2.25, "x_measured_read": 2.0,
+    }  # fmt: skip
