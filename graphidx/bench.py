@@ -882,8 +882,9 @@ def _plot_label(result: CaseResult) -> str:
 def plot_roofline(results: list[CaseResult], ceilings: Ceilings, path: Path) -> bool:
     """Write a two-panel PNG of the main cases (variants left out): left, achieved TFLOP/s
     against arithmetic intensity under the roofline (cases with FLOPs); right, each case's
-    time as a multiple of its floor (top-k's floor is one read of the logits), with the 1.5x
-    and 3x marks of the issue-5 targets. False when matplotlib is missing."""
+    replay time as a multiple of its floor (top-k's floor is one read of the logits), its
+    device span (`kernel_us`) a tick on the bar, with the 1.5x and 3x marks of the issue-5
+    targets. False when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -894,7 +895,7 @@ def plot_roofline(results: list[CaseResult], ceilings: Ceilings, path: Path) -> 
     bandwidth = ceilings.copy_bytes_per_s
     peak = ceilings.matmul_flops_per_s
     shown = [r for r in results if not r.variant and r.time_us > 0 and r.floor_us > 0]
-    fig, (roof, ratio) = plt.subplots(1, 2, figsize=(15, 6.5), width_ratios=(1.1, 1))
+    fig, (roof, ratio) = plt.subplots(1, 2, figsize=(16, 6.5), width_ratios=(1, 1.1))
     intensities = [10 ** (x / 10) for x in range(-10, 41)]
     roof.plot(intensities, [min(peak, bandwidth * i) / 1e12 for i in intensities], "k-")
     markers = "osD^v<>ph*"
@@ -919,7 +920,15 @@ def plot_roofline(results: list[CaseResult], ceilings: Ceilings, path: Path) -> 
     rows = range(len(shown))
     ratio.barh(rows, multiples, color=colors)
     for row, r, multiple in zip(rows, shown, multiples, strict=True):
-        ratio.text(multiple, row, f" {r.time_us:.1f} us ({multiple:.2f}x)", va="center", fontsize=8)
+        kernel = r.notes.get("kernel_us")
+        text = f" {r.time_us:.1f} us ({multiple:.2f}x)"
+        if isinstance(kernel, float) and kernel > 0:  # the device span: a black tick
+            ratio.plot([kernel / r.floor_us] * 2, [row - 0.4, row + 0.4], "k-", linewidth=2)
+            text += f", kernel {kernel:.1f} us ({kernel / r.floor_us:.2f}x)"
+        if multiple > 0.3 * max(multiples):  # a long bar: the label inside it, at its root
+            ratio.text(1.02, row, text, va="center", fontsize=8, color="white")
+        else:
+            ratio.text(multiple, row, text, va="center", fontsize=8)
     for mark in (1.5, 3.0):
         ratio.axvline(mark, color="tab:red", linestyle="--", linewidth=1)
     ratio.set_yticks(list(rows), labels, fontsize=8)
@@ -929,7 +938,10 @@ def plot_roofline(results: list[CaseResult], ceilings: Ceilings, path: Path) -> 
     ratio.set_xticks(ticks, [f"{t:g}x" for t in ticks])
     ratio.minorticks_off()
     ratio.set_xlim(1, 1.6 * max(multiples))
-    ratio.set_xlabel("time / floor (1x: at the floor; red: 1.5x and 3x; gray: not graphidx)")
+    ratio.set_xlabel(
+        "replay time / floor (black tick: the device span; 1x: at the floor; red: 1.5x and 3x;"
+        " gray: not graphidx)"
+    )
     ratio.set_title("time against each case's floor")
     ratio.grid(True, axis="x", which="both", alpha=0.3)
     return _save(fig, path)
