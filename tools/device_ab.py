@@ -62,6 +62,18 @@ GATHER_VARIANTS = {
     "64nopf96": (64, "128, 4, 1, False, 96"),
     "64b64nopf128": (64, "64, 4, 1, False, 128"),
     "64b64nopf96": (64, "64, 4, 1, False, 96"),
+    # cp.async pipelining of the key loads (num_stages 2-4), no register prefetch
+    "s2": (32, "128, 4, 2, False, None, 2048"),
+    "s2c80": (32, "128, 4, 2, False, 80, 2048"),
+    "s3c80": (32, "128, 4, 3, False, 80, 2048"),
+    "s2c72": (32, "128, 4, 2, False, 72, 2048"),
+    "s2c64": (32, "128, 4, 2, False, 64, 2048"),
+    "s3c64": (32, "128, 4, 3, False, 64, 2048"),
+    "s4c96": (32, "128, 4, 4, False, 96, 2048"),
+    "s2c80s1024": (32, "128, 4, 2, False, 80, 1024"),
+    "64s2": (64, "128, 4, 2, False, None, 2048"),
+    "64s2c128": (64, "128, 4, 2, False, 128, 2048"),
+    "64s2c96": (64, "128, 4, 2, False, 96, 2048"),
 }
 # Decode launch variants: LogitsConfig(block_n, block_r, num_warps, num_stages, max_registers,
 # programs_per_sm, prefetch, halves); "s" in the name: through the decode schedule.
