@@ -48,12 +48,14 @@ largest key (`_kth_largest_key`), or 2-bit digits in the whole-row select; each 
 once exactly k keys are at or above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
-10): P = 1 at 16 warps takes 26.6 us at k 512 and 37.1 at k 2048 (bench at a6325a7), 3.4 and
+11): P = 1 at 16 warps takes 26.5 us at k 512 and 37.1 at k 2048 (bench at 0525300), 3.4 and
 4.8 times the nominal read of the logits (7.8 us at 4.3 TB/s), 2.0 and 2.8 times a measured
-one (13.2 us, the same timing). Per phase at 9897f4d, before the last ~0.5 us
-(tools/device_topk_phases.py --quick, k 512 / k 2048): group maxima 13.2 us (a bare
-streaming row max with this grid: 13.1), floor and list 5.1 / 7.9, collect 4.4 / 7.9,
-select 4.9 / 8.7 (candidate gather 0.8 / 2.4, exact search 2.7 / 4.9, writing 1.4 / 1.4).
+one (13.2 us, the same timing); the kernels alone (the replay's device span) 22.7 and 33.7
+us, 2.9 and 4.3 nominal reads, 2.4 and 3.6 times the measured read's kernel (9.4 us).
+Per phase at 9897f4d, before the last ~0.5 us (tools/device_topk_phases.py --quick, k 512 /
+k 2048, replay times): group maxima 13.2 us (a bare streaming row max with this grid: 13.1),
+floor and list 5.1 / 7.9, collect 4.4 / 7.9, select 4.9 / 8.7 (candidate gather 0.8 / 2.4,
+exact search 2.7 / 4.9, writing 1.4 / 1.4).
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
