@@ -74,6 +74,12 @@ GATHER_VARIANTS = {
     "64s2": (64, "128, 4, 2, False, None, 2048"),
     "64s2c128": (64, "128, 4, 2, False, 128, 2048"),
     "64s2c96": (64, "128, 4, 2, False, 96, 2048"),
+    # 64-key tiles under a register cap (no spill at 80: the 8 MMAs issue back to back)
+    "b64c80": (32, "64, 4, 1, False, 80, 2048"),
+    "b64c72": (32, "64, 4, 1, False, 72, 2048"),
+    "b64c64": (32, "64, 4, 1, False, 64, 2048"),
+    "b64c80s1024": (32, "64, 4, 1, False, 80, 1024"),
+    "b64pfc96": (32, "64, 4, 1, True, 96, 2048"),
 }
 # Decode launch variants: LogitsConfig(block_n, block_r, num_warps, num_stages, max_registers,
 # programs_per_sm, prefetch, halves); "s" in the name: through the decode schedule.
