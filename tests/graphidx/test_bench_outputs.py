@@ -151,3 +151,20 @@ def test_read_multiples_of_a_topk() -> None:
     assert read_multiples(24.0, 18.0, 8.0, no_span) == {
         "x_one_read": 3.0, "x_kernel_one_read": 2.25, "x_measured_read": 2.0,
     }  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_kernel_span_of_a_replay_sits_under_its_replay_time() -> None:
+    """On a GPU: one replayed kernel (a 256 MB read) has a device span that is a number,
+    above the nominal read time at the copy ceiling's order and below the replay's event
+    time, which also carries the launch."""
+    import torch
+
+    from graphidx.bench import _captured, kernel_span_us, time_us
+
+    values = torch.randn(64 << 20, device="cuda")
+    total = torch.empty((), device="cuda")
+    graph = _captured(lambda: torch.sum(values, dim=0, out=total))
+    span, replay = kernel_span_us(graph.replay), time_us(graph.replay)
+    assert isinstance(span, float)
+    assert 256e6 / 10e12 * 1e6 < span < replay  # faster than 10 TB/s is impossible
