@@ -22,6 +22,7 @@ import argparse
 import functools
 import itertools
 import json
+import math
 import statistics
 import time
 import traceback
@@ -180,10 +181,10 @@ def _captured(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
 
 def time_case(fn: Callable[[], object]) -> tuple[float, dict[str, Any]]:
     """(time, notes) of one benchmark case: the time is one CUDA-graph replay with a clean
-    L2 (`time_us_graph`), how graphidx runs its ops; the notes keep the same replay's device
-    span (`kernel_us`, `kernel_span_us`: the time without the replay's fixed launch cost) and
-    the eager time with do_bench's dirty L2 flush (`eager_dirty_us`), the method of the
-    figures before session 4."""
+    L2 (`time_us` of the captured graph's replay), how graphidx runs its ops; the notes keep
+    the same replay's device span (`kernel_us`, from `kernel_span_us`: the time without the
+    replay's fixed launch cost) and the eager time with do_bench's dirty L2 flush
+    (`eager_dirty_us`), the method of the figures before session 4."""
     graph = _captured(fn)
     return time_us(graph.replay), {
         "kernel_us": kernel_span_us(graph.replay),
@@ -200,22 +201,25 @@ def kernel_span_us(run: Callable[[], object], reps: int = KERNEL_REPS) -> float 
     activity (kernel, memset, copy) to the end of its last, as the profiler records them
     (CUPTI / roctracer, graph replays included), each run after the L2 flush of `time_us`.
     Leaves out what a replay's events also time: the launch before the first kernel starts.
-    A string saying why when the profiler records none of `run`'s activities."""
+    A string saying why when the profiler records none of `run`'s activities, or fails, or
+    its records do not add up (the case's replay time stands either way)."""
     flush, sink = _flush_buffers(torch.cuda.current_device())
 
     def flush_l2() -> None:
         torch.sum(flush, dim=0, out=sink)
-
-    per_flush, per_run = len(_device_activities(flush_l2)), len(_device_activities(run))
-    if per_flush == 0 or per_run == 0:
-        return "n/a: the profiler recorded no device activity"
 
     def runs() -> None:
         for _ in range(reps):
             flush_l2()
             run()
 
-    spans = launch_spans(_device_activities(runs), per_flush, per_run, reps)
+    try:
+        per_flush, per_run = len(_device_activities(flush_l2)), len(_device_activities(run))
+        if per_flush == 0 or per_run == 0:
+            return "n/a: the profiler recorded no device activity"
+        spans = launch_spans(_device_activities(runs), per_flush, per_run, reps)
+    except (RuntimeError, ValueError) as err:
+        return f"n/a: {err}"[:200]
     return round(statistics.median(spans), 1)
 
 
@@ -925,7 +929,8 @@ def plot_roofline(results: list[CaseResult], ceilings: Ceilings, path: Path) -> 
         if isinstance(kernel, float) and kernel > 0:  # the device span: a black tick
             ratio.plot([kernel / r.floor_us] * 2, [row - 0.4, row + 0.4], "k-", linewidth=2)
             text += f", kernel {kernel:.1f} us ({kernel / r.floor_us:.2f}x)"
-        if multiple > 0.3 * max(multiples):  # a long bar: the label inside it, at its root
+        if math.log(multiple) > 0.45 * math.log(1.6 * max(multiples)):  # most of the log
+            # axis: the label inside the bar, at its root
             ratio.text(1.02, row, text, va="center", fontsize=8, color="white")
         else:
             ratio.text(multiple, row, text, va="center", fontsize=8)

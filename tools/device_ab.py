@@ -21,7 +21,8 @@ import subprocess
 import sys
 
 CASES = {
-    # name: Python expression over graphidx.bench names, giving one CaseResult or a list
+    # name: Python expression over graphidx.bench names, giving one CaseResult (or a result
+    # with `time_us`, `check` and `notes`)
     "decode64": 'dense_decode_case("dense decode", 64, 2, [16384] * 64, 64, C, D)',
     "decode64s": 'dense_decode_case("dense decode", 64, 2, [16384] * 64, 64, C, D,'
     " use_schedule=True)",

@@ -876,24 +876,28 @@ def test_gather_config_refused(field: str, value: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("size", "heads", "rows", "want"),
-    [(8, 32, 128, (128, 64, False, 2048)), (8, 16, 128, (128, 64, False, 2048)),
-     (8, 32, 16, (128, 64, False, 512)), (8, 32, 1, (128, None, True, 512)),
-     (8, 64, 128, (128, 128, True, 2048)), (8, 64, 16, (128, 128, True, 512)),
-     (8, 128, 10**4, (128, None, True, 2048)), (256, 32, 10**4, (256, None, True, 2048))],
+    ("size", "heads", "rows", "width", "want"),
+    [(8, 32, 128, 16384, (128, 64, False, 2048)), (8, 16, 128, 16384, (128, 64, False, 2048)),
+     (8, 32, 16, 16384, (128, 64, False, 512)), (8, 32, 1, 16384, (128, None, True, 512)),
+     (8, 64, 128, 16384, (128, 128, True, 2048)), (8, 64, 16, 16384, (128, 128, True, 512)),
+     (8, 128, 10**4, 16384, (128, None, True, 2048)),
+     (256, 32, 10**4, 16384, (256, None, True, 2048)),
+     # narrow rows: halving stops where it no longer adds programs
+     (8, 32, 16, 512, (128, None, True, 2048)), (8, 32, 16, 1536, (128, None, True, 512)),
+     (8, 32, 200, 2048, (128, 64, False, 1024)), (8, 32, 200, 1024, (128, None, True, 2048))],
 )  # fmt: skip
 def test_gather_default_config_on_nvidia(
-    monkeypatch: pytest.MonkeyPatch, size: int, heads: int, rows: int,
+    monkeypatch: pytest.MonkeyPatch, size: int, heads: int, rows: int, width: int,
     want: tuple[int, int | None, bool, int],
 ) -> None:  # fmt: skip
-    """On NVIDIA (132 SMs, 16384 columns) a small batch's rows are split finer until the grid
-    outgrows what the SMs hold uncapped; the register cap (and, at <= 32 heads, no prefetch)
-    only then, and only at the measured tile and head sizes."""
+    """On NVIDIA (132 SMs) a small batch's rows are split finer while that adds programs and
+    the grid still fits what the SMs hold uncapped; the register cap (and, at <= 32 heads, no
+    prefetch) only once it outgrows them, and only at the measured tile and head sizes."""
     from graphidx.ops.kernels import OPERANDS_BF16X2
     from graphidx.ops.kernels import gather as triton_gather
 
     monkeypatch.setattr(triton_gather, "operand_mode", lambda: OPERANDS_BF16X2)
-    config = triton_gather.default_config(size, heads, rows, 16384, 132)
+    config = triton_gather.default_config(size, heads, rows, width, 132)
     assert (config.block_n, config.max_registers, config.prefetch, config.split) == want
     triton_gather.check_config(config)
 

@@ -131,8 +131,8 @@ def default_config(
     `multiprocessors` SMs.
 
     A grid the SMs hold uncapped at GATHER_SPLIT_COLUMNS is split finer (halving the split
-    down to MIN_SPLIT_TILES tiles per program) until it outgrows them, so a small batch also
-    gets the occupancy config: 16 rows x 16384, C 8, H32 32.6 -> 21.7 us, H64 36.1 -> 22.5
+    down to MIN_SPLIT_TILES tiles per program, while halving adds programs) until it outgrows
+    them, so a small batch also gets the occupancy config: 16 rows x 16384, C 8, H32 32.6 -> 21.7 us, H64 36.1 -> 22.5
     (split 512; 128 rows unchanged; tools/device_ab.py, session 11).
 
     128 keys per tile on a GPU (sm_90 SASS of the tile loop: 659 instructions per warp and
@@ -161,7 +161,11 @@ def default_config(
         tuned = GATHER_OCCUPANCY.get(max(_padded_heads(num_heads), 32))
         if tuned is not None:
             held = tuned.uncapped_programs_per_sm * multiprocessors
-            while split > MIN_SPLIT_TILES * block_n and rows * cdiv(width, split) <= held:
+            while (
+                split > MIN_SPLIT_TILES * block_n
+                and rows * cdiv(width, split) <= held
+                and cdiv(width, split // 2) > cdiv(width, split)  # halving adds programs
+            ):
                 split //= 2
             if rows * cdiv(width, split) > held:
                 cap, prefetch = tuned.max_registers, tuned.prefetch
