@@ -81,6 +81,9 @@ GATHER_VARIANTS = {
     "b64c64": (32, "64, 4, 1, False, 64, 2048"),
     "b64c80s1024": (32, "64, 4, 1, False, 80, 1024"),
     "b64pfc96": (32, "64, 4, 1, True, 96, 2048"),
+    # 128-key tiles at caps 72 / 80 (7 / 6 programs per SM)
+    "c80s1536": (32, "128, 4, 1, False, 80, 1536"),
+    "c72s1024": (32, "128, 4, 1, False, 72, 1024"),
 }
 # Decode launch variants: LogitsConfig(block_n, block_r, num_warps, num_stages, max_registers,
 # programs_per_sm, prefetch, halves); "s" in the name: through the decode schedule.
