@@ -132,8 +132,8 @@ def default_config(
 
     A grid the SMs hold uncapped at GATHER_SPLIT_COLUMNS is split finer (halving the split
     down to MIN_SPLIT_TILES tiles per program, while halving adds programs) until it outgrows
-    them, so a small batch also gets the occupancy config: 16 rows x 16384, C 8, H32 32.6 -> 21.7 us, H64 36.1 -> 22.5
-    (split 512; 128 rows unchanged; tools/device_ab.py, session 11).
+    them, so a small batch also gets the occupancy config: 16 rows x 16384, C 8, H32 32.6 ->
+    21.7 us, H64 36.1 -> 22.5 (split 512; 128 rows unchanged; tools/device_ab.py, session 11).
 
     128 keys per tile on a GPU (sm_90 SASS of the tile loop: 659 instructions per warp and
     128 keys, against 2 x 383 at 64); the loads are gathers, so no shared-memory pipelining
