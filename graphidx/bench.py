@@ -26,6 +26,7 @@ import math
 import statistics
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -246,14 +247,18 @@ def _device_activities(run: Callable[[], object]) -> list[tuple[float, float]]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as prof:
-        run()
-        torch.cuda.synchronize()
-    found = [
-        (float(event.time_range.start), float(event.time_range.end))
-        for event in prof.events()
-        if event.device_type == DeviceType.CUDA
-    ]
+    with warnings.catch_warnings():
+        # One profiling cycle, no schedule: torch's note about events cleared between
+        # cycles does not apply (its `acc_events` switch is missing from older torch).
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        found = [
+            (float(event.time_range.start), float(event.time_range.end))
+            for event in prof.events()
+            if event.device_type == DeviceType.CUDA
+        ]
     return sorted(found)
 
 
