@@ -8,7 +8,8 @@ each round runs the chosen `graphidx.bench` cases once per tree, each tree in it
 Every case is checked against the reference as in the bench (a FAIL is printed). Prints one
 line per case and round (replay time, and the replay's device span where the tree's bench
 measures it, `kernel_us`), then each tree's median replay times and their ratio to the first
-tree's.
+tree's, and the same for the spans. Trees are told apart by folder name (two copies of one
+tree in `_a` and `_b` give a noise estimate).
 """
 
 from __future__ import annotations
@@ -185,6 +186,24 @@ def run_tree(root: str, cases: list[str]) -> dict[str, tuple[float, str, object]
     return found
 
 
+def print_medians(title: str, samples: dict[tuple[str, str], list[float]], names: list[str],
+                  cases: list[str]) -> None:  # fmt: skip
+    """One line per case: each tree's median of `samples` and its ratio to the first tree's."""
+    print(f"\nmedian {title} us (ratio to {names[0]})")
+    print(f"{'case':10} " + " ".join(f"{t:>20}" for t in names))
+    for name in cases:
+        base = samples.get((names[0], name))
+        cells = []
+        for tree in names:
+            got = samples.get((tree, name))
+            if not got or not base:
+                cells.append(f"{'-':>20}")
+                continue
+            median = statistics.median(got)
+            cells.append(f"{median:11.1f} ({median / statistics.median(base):5.3f})")
+        print(f"{name:10} " + " ".join(cells))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("roots", nargs="+", help="source trees; the first is the base")
@@ -195,30 +214,25 @@ def main() -> int:
         parser.error("give at least two source trees")
     cases = args.case or sorted(CASES)
     trees = {os.path.basename(os.path.abspath(r)) or r: os.path.abspath(r) for r in args.roots}
+    if len(trees) < len(args.roots):
+        parser.error("the trees are told apart by folder name: give each a different one")
     names = list(trees)
     times: dict[tuple[str, str], list[float]] = {}
+    spans: dict[tuple[str, str], list[float]] = {}
     failed = False
     for round_index in range(args.rounds):
         order = names if round_index % 2 == 0 else names[::-1]
         for tree in order:
             for name, (time_us, check, kernel) in run_tree(trees[tree], cases).items():
                 times.setdefault((tree, name), []).append(time_us)
+                if isinstance(kernel, float):
+                    spans.setdefault((tree, name), []).append(kernel)
                 failed |= check != "OK"
                 span = f"kernel {kernel:7.1f} us" if isinstance(kernel, float) else ""
                 print(f"round {round_index} {tree:12} {name:10} {time_us:9.1f} us  {span}  {check}")
-    print("\nmedian us (ratio to " + names[0] + ")")
-    print(f"{'case':10} " + " ".join(f"{t:>20}" for t in names))
-    for name in cases:
-        base = times.get((names[0], name))
-        cells = []
-        for tree in names:
-            got = times.get((tree, name))
-            if not got or not base:
-                cells.append(f"{'-':>20}")
-                continue
-            median = statistics.median(got)
-            cells.append(f"{median:11.1f} ({median / statistics.median(base):5.3f})")
-        print(f"{name:10} " + " ".join(cells))
+    print_medians("replay", times, names, cases)
+    if spans:
+        print_medians("kernel span", spans, names, cases)
     return 1 if failed else 0
 
 
