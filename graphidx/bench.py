@@ -743,7 +743,7 @@ def _sweep_point(label: str, build: Callable[[], CaseResult]) -> CaseResult:
 
 
 def _config_label(point: tuple[object, ...]) -> str:
-    names = ("n", "r", "w", "s", "reg", "p/SM", "prefetch", "halves")
+    names = ("n", "r", "w", "s", "reg", "p/SM", "prefetch", "halves", "l2")
     return " ".join(f"{name}{value}" for name, value in zip(names, point, strict=False))
 
 
@@ -759,8 +759,13 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
     results = []
     decode_points: dict[int, list[tuple[Any, ...]]] = {
         # heads: LogitsConfig fields (block_n, block_r, num_warps, num_stages, max_registers,
-        # programs_per_sm, prefetch, halves); the first point of each is the default.
-        64: [(64, 2, 4, 1, 128, 4, True, True), (64, 2, 4, 1, 128, 4, True, False)],
+        # programs_per_sm, prefetch, halves, l2_prefetch); the first point of each is the
+        # default.
+        64: [
+            (64, 2, 4, 1, 128, 4, True, True, True),
+            (64, 2, 4, 1, 128, 4, True, True, False),
+            (64, 2, 4, 1, 128, 4, True, False, True),
+        ],
         32: [(64, 2, 4, 1, None, 4, True)],
     }  # fmt: skip
     for heads, contexts, page_entries in ((64, [16384] * 64, 64), (32, [65536] * 64, 128)):
@@ -789,7 +794,7 @@ def sweep_tiles(ceilings: Ceilings, device: torch.device) -> list[CaseResult]:
     for (name, contexts), (programs, halves) in itertools.product(
         (("skewed", skewed), ("even", even)), ((4, True), (4, False), (2, False))
     ):
-        point = (64, 2, 4, 1, 128, programs, True, halves)
+        point = (64, 2, 4, 1, 128, programs, True, halves, True)
         label = f"sweep decode {name} (schedule) H64 {_config_label(point)}"
         build = functools.partial(
             dense_decode_case, label, 64, 2, contexts, 64, ceilings, device, use_schedule=True,

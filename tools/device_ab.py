@@ -87,11 +87,14 @@ GATHER_VARIANTS = {
     "c72s1024": (32, "128, 4, 1, False, 72, 1024"),
 }
 # Decode launch variants: LogitsConfig(block_n, block_r, num_warps, num_stages, max_registers,
-# programs_per_sm, prefetch, halves); "s" in the name: through the decode schedule.
+# programs_per_sm, prefetch, halves, l2_prefetch); "s" in the name: through the decode schedule.
 DECODE_VARIANTS = {
     "64r104": (64, "64, 2, 4, 1, 104, 5, True, True"),
     "64r96": (64, "64, 2, 4, 1, 96, 5, True, True"),
     "32r104": (32, "64, 2, 4, 1, 104, 5, True, False"),
+    # N = 128 at H64 without halves: at the 128 cap, and uncapped (3 programs per SM)
+    "64whole": (64, "64, 2, 4, 1, 128, 4, True, False"),
+    "64uncapped": (64, "64, 2, 4, 1, None, 3, True, False"),
 }
 for name, (heads, fields) in DECODE_VARIANTS.items():
     lens = "[16384] * 64, 64" if heads == 64 else "[65536] * 64, 128"
@@ -100,6 +103,9 @@ for name, (heads, fields) in DECODE_VARIANTS.items():
             f'dense_decode_case("decode {name}", {heads}, 2, {lens}, C, D, '
             f"use_schedule={scheduled}, config=LogitsConfig({fields}))"
         )
+# Keys from L2 instead of DRAM (`hot_pages`): how much of a decode's time is waiting on DRAM.
+CASES["decode64hot"] = f"hot_pages(lambda: {CASES['decode64']})"
+CASES["decode32hot"] = f"hot_pages(lambda: {CASES['decode32']})"
 CASES["decode32s"] = (
     'dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, C, D, use_schedule=True)'
 )
@@ -151,9 +157,22 @@ def read_logits(rows=128, width=65536, per_row=True):
     time_us, notes = bench.time_case(run)
     return types.SimpleNamespace(time_us=time_us, check=check, notes=notes)
 
+def hot_pages(make_case):
+    # The case with every seq's block-table row equal to seq 0's: all seqs read the same
+    # pages, which stay in L2, so the kernel runs as if its key loads never went to DRAM.
+    original = bench.random_block_table
+    def shared(contexts, page_entries, device):
+        table, pages = original(contexts, page_entries, device)
+        return table[:1].expand_as(table).contiguous(), pages
+    bench.random_block_table = shared
+    try:
+        return make_case()
+    finally:
+        bench.random_block_table = original
+
 scope = dict(vars(bench), C=bench.Ceilings(), D=torch.device("cuda"), topk_default=topk_default,
              read_logits=read_logits, LogitsConfig=LogitsConfig,
-             GatherConfig=GatherConfig)
+             GatherConfig=GatherConfig, hot_pages=hot_pages)
 """
 """Defines `scope`, where every CASES expression evaluates to one result with `time_us`,
 `check` and `notes` (its device span `kernel_us` there when the tree's bench measures it)."""

@@ -419,10 +419,12 @@ def test_dense_extreme_scales(gen: torch.Generator) -> None:
 @pytest.mark.parametrize(
     ("block_n", "page_entries", "heads", "head_dim", "prefetch"),
     [
-        (64, 64, 4, 128, False),
-        (64, 64, 4, 128, True),  # a seq's span ends on a page boundary: the prefetch clamp
-        (64, 128, 8, 64, True),
-        (128, 128, 4, 256, False),
+        (64, 64, 4, 128, "none"),
+        (64, 64, 4, 128, "registers"),  # a seq's span ends on a page boundary: the clamp
+        (64, 64, 4, 128, "l2"),
+        (64, 128, 8, 64, "registers"),
+        (64, 128, 8, 64, "l2"),  # two tiles per page
+        (128, 128, 4, 256, "none"),
     ],
 )
 def test_dense_logits_mma_shaped_tile_loads(
@@ -431,17 +433,18 @@ def test_dense_logits_mma_shaped_tile_loads(
     page_entries: int,
     heads: int,
     head_dim: int,
-    prefetch: bool,
+    prefetch: str,
 ) -> None:
     """4 warps and one page per tile: keys load straight in the tensor-core operand's thread
-    layout (`key_tile_words_mma`), full tiles and masked tails alike, with and without the
-    register prefetch."""
+    layout (`key_tile_words_mma`), full tiles and masked tails alike, without a prefetch,
+    with the next tile in registers, and with the tile after it into L2 as well (its pages
+    read two tiles ahead)."""
     from graphidx.ops.kernels.logits import LogitsConfig, uses_mma_rows
     from graphidx.ops.kernels.logits import paged_mqa_logits as triton_logits
 
     config = LogitsConfig(
-        block_n=block_n, block_r=2, num_warps=4, num_stages=1 if prefetch else 2,
-        prefetch=prefetch,
+        block_n=block_n, block_r=2, num_warps=4, num_stages=1 if prefetch != "none" else 2,
+        prefetch=prefetch != "none", l2_prefetch=prefetch == "l2",
     )  # fmt: skip
     assert uses_mma_rows(config, page_entries)
     # Spans: two full tiles and a partial one; exactly one page; a partial first tile.
@@ -576,6 +579,7 @@ def test_dense_prefill_mma_shaped_tile_loads(gen: torch.Generator, prefetch: boo
         ("max_registers", 300),
         ("prefetch", True),  # block_n 64 does not divide page_entries 32
         ("halves", True),  # with block_r 1
+        ("l2_prefetch", True),  # without prefetch
     ],
 )
 def test_logits_config_refused(gen: torch.Generator, field: str, value: object) -> None:

@@ -59,6 +59,7 @@ from graphidx.ops.kernels.mxfp4_tl import (
     max_propagate_nan,
     mma_operand,
     mma_tile_rows,
+    prefetch_tile_l2,
     relu_propagate_nan,
     seq_of_row,
     tile_scores,
@@ -115,6 +116,10 @@ class LogitsConfig:
     halves: bool = False
     """Two MMAs per tile, over the first and the second block_r / 2 rows, each followed by
     its own epilogue: half the accumulator registers live at a time (needs block_r >= 2)."""
+    l2_prefetch: bool = False
+    """With `prefetch`: also ask for the tile after the next one to be brought into L2 (one
+    `prefetch.global.L2` per line, NVIDIA only; a hint that never changes a result). Needs
+    block_n a multiple of 32, so a tile's codes and scales are each one run of its page."""
 
 
 def uses_mma_rows(config: LogitsConfig, page_entries: int) -> bool:
@@ -154,6 +159,11 @@ def check_config(config: LogitsConfig, page_entries: int) -> None:
             raise ValueError("config.max_registers is an NVIDIA GPU option (Triton's maxnreg)")
     if config.halves and config.block_r < 2:
         raise ValueError(f"config.halves needs block_r >= 2, got {config.block_r}")
+    if config.l2_prefetch and not (config.prefetch and config.block_n % 32 == 0):
+        raise ValueError(
+            "config.l2_prefetch needs prefetch and block_n a multiple of 32, got "
+            f"prefetch={config.prefetch}, block_n={config.block_n}"
+        )
     if config.prefetch and page_entries % config.block_n:
         raise ValueError(
             f"config.prefetch needs block_n ({config.block_n}) to divide page_entries "
@@ -173,11 +183,13 @@ def default_config(
     (num_stages 1), keys loaded in the operand layout (`uses_mma_rows`), the next tile's
     codes prefetched in registers when page_entries % block_n == 0 (prefill 3972 -> 3752-3800
     us at H64, 4096 x 32K, BENCHMARKS.md session 8); on NVIDIA, decode at N = 128
-    caps 64-key tiles at 128 registers (4 resident programs per SM) and, with >= 2 rows per
-    group, splits each tile's MMA in two halves of the rows (`LogitsConfig.halves`: the
-    scheduled kernel then spills nothing, the static one ~14 loads per tile); prefill keeps
-    the compiler's choice (with the prefetch, a 168-register cap measured the same: 3777 vs
-    3780 us).
+    caps 64-key tiles at 128 registers (4 resident programs per SM), with >= 2 rows per
+    group splits each tile's MMA in two halves of the rows (`LogitsConfig.halves`: few
+    spills left) and prefetches the tile after next into L2 (`LogitsConfig.l2_prefetch`:
+    H64 64 x 16K 81.7 -> 72.0 us kernel time, BENCHMARKS.md session 12; at N = 64 its
+    instructions cost more than the DRAM wait it hides: H32 184.8 -> 187.9 us, so off);
+    prefill keeps the compiler's choice (with the prefetch, a 168-register cap measured
+    the same: 3777 vs 3780 us).
 
     Never depends on lengths, so a graph captured at one step replays at any other.
     """
@@ -206,6 +218,7 @@ def default_config(
         programs_per_sm=4,
         prefetch=one_page,
         halves=capped and block_r >= 2,
+        l2_prefetch=capped and one_page,
     )
 
 
@@ -345,7 +358,9 @@ def _walk_tiles(
 ):
     """Score one row group's keys [key_start, key_stop) (key_start < key_stop, a multiple of
     BLOCK_N) tile by tile: full tiles unmasked, then the partial tail. HALVES: each tile takes
-    two MMAs over the first and the second half of the group's rows (`LogitsConfig.halves`)."""
+    two MMAs over the first and the second half of the group's rows (`LogitsConfig.halves`).
+    PREFETCH: 0 none, 1 the next tile in registers (`LogitsConfig.prefetch`), 2 that and
+    the tile after it into L2 (`LogitsConfig.l2_prefetch`)."""
     full_stop = key_start + (key_stop - key_start) // BLOCK_N * BLOCK_N
     if HALVES:
         row_a, row_b = _halves(row)
@@ -357,34 +372,53 @@ def _walk_tiles(
     else:
         tile_args = (row, row_len, queries_t, weights, row, row_len, queries_t, weights,
                      out_ptr, bs_ptr, out_row_stride, bs_row_stride)  # fmt: skip
-    fetch_args = (kv_ptr, block_row, page_stride)
+    PTX: tl.constexpr = OPERANDS == BF16X2_OPERANDS
     if PREFETCH:
         # One tile ahead in registers: the next tile's loads are in flight while this one
-        # decodes and multiplies. Fetches are unmasked (cheaper) and never start past the
-        # last tile holding a live key: a partial tile reads the rest of its page (never
-        # written out), the fetch after the last tile repeats it.
+        # decodes and multiplies, and its block-table entry was loaded a tile before that
+        # (PREFETCH 2: the tile after it is on its way into L2 as well).
+        # Fetches are unmasked (cheaper) and never start past the last tile holding a live
+        # key: a partial tile reads the rest of its page (never written out), the fetch after
+        # the last tile repeats it.
         last_start = key_start + (key_stop - 1 - key_start) // BLOCK_N * BLOCK_N
+        fetch_args = (key_stop, kv_ptr, block_row, page_stride)
+        page = tl.load(block_row + key_start // E)
         values, scales = _fetch_tile(
-            key_start, key_stop, *fetch_args, D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False
-        )
-        for tile_start in range(key_start, full_stop, BLOCK_N):
+            key_start, *fetch_args, page,
+            D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False, PTX,
+        )  # fmt: skip
+        next_page = tl.load(block_row + tl.minimum(key_start + BLOCK_N, last_start) // E)
+        if PREFETCH == 2:
+            later_page = tl.load(block_row + tl.minimum(key_start + 2 * BLOCK_N, last_start) // E)
+        # The partial tail tile (if any) is the last iteration: its stores are masked.
+        for tile_start in range(key_start, key_stop, BLOCK_N):
             next_values, next_scales = _fetch_tile(
-                tl.minimum(tile_start + BLOCK_N, last_start), key_stop, *fetch_args,
-                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
+                tl.minimum(tile_start + BLOCK_N, last_start), *fetch_args, next_page,
+                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False, PTX,
             )  # fmt: skip
+            if PREFETCH == 2:
+                # The tile after next into L2, its page read an iteration ago.
+                later_start = tl.minimum(tile_start + 2 * BLOCK_N, last_start)
+                later_ptr = kv_ptr + later_page.to(tl.int64) * page_stride
+                prefetch_tile_l2(later_ptr, later_start % E, D, E, BLOCK_N, PTX)
+                next_page = later_page
+                later_page = tl.load(
+                    block_row + tl.minimum(tile_start + 3 * BLOCK_N, last_start) // E
+                )
+            else:
+                next_page = tl.load(
+                    block_row + tl.minimum(tile_start + 2 * BLOCK_N, last_start) // E
+                )
             keys = decode_key_tile(values, scales, OPERANDS)
             _score_rows(tile_start, keys, *tile_args,
                         HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
             values, scales = next_values, next_scales
-        if full_stop < key_stop:  # the tail tile, already fetched
-            keys = decode_key_tile(values, scales, OPERANDS)
-            _score_rows(full_stop, keys, *tile_args,
-                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
     else:
+        fetch_args = (kv_ptr, block_row, page_stride, None)
         for tile_start in range(key_start, full_stop, BLOCK_N):
             values, scales = _fetch_tile(
                 tile_start, key_stop, *fetch_args,
-                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False,
+                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False, PTX,
             )  # fmt: skip
             keys = decode_key_tile(values, scales, OPERANDS)
             _score_rows(tile_start, keys, *tile_args,
@@ -392,7 +426,7 @@ def _walk_tiles(
         if full_stop < key_stop:
             values, scales = _fetch_tile(
                 full_stop, key_stop, *fetch_args,
-                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, True,
+                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, True, PTX,
             )  # fmt: skip
             keys = decode_key_tile(values, scales, OPERANDS)
             _score_rows(full_stop, keys, *tile_args,
@@ -406,6 +440,7 @@ def _fetch_tile(
     kv_ptr,
     block_row,
     page_stride,
+    page,
     D: tl.constexpr,
     E: tl.constexpr,
     NPT: tl.constexpr,
@@ -415,29 +450,32 @@ def _fetch_tile(
     BLOCK_N: tl.constexpr,
     MMA_ROWS: tl.constexpr,
     MASKED: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """Raw codes of keys [tile_start, tile_start + BLOCK_N) of one seq (see `key_tile_words`;
     kv_ptr is the int32 cache of `cache_words`, page_stride in words).
 
     tile_start is a multiple of BLOCK_N. MASKED reads only keys below key_stop (a tile wholly
     past it reads nothing, not even its block-table entry); unmasked reads the whole tile.
-    MMA_ROWS (4 warps, BLOCK_N a multiple of 64 dividing E) loads in the tensor-core
-    operand's thread layout (`key_tile_words_mma`).
+    page: the tile's block-table entry when the caller loaded it ahead (E % BLOCK_N == 0,
+    unmasked), else None. MMA_ROWS (4 warps, BLOCK_N a multiple of 64 dividing E) loads in
+    the tensor-core operand's thread layout (`key_tile_words_mma`; PTX: NVIDIA).
     """
     key = tile_start + tl.arange(0, BLOCK_N)
     live = key < key_stop
     if E % BLOCK_N == 0:
         # The tile lies in one page: one block-table read, one 64-bit page address.
-        if MASKED:
-            page = tl.load(block_row + tile_start // E, mask=tile_start < key_stop, other=0)
-        else:
-            page = tl.load(block_row + tile_start // E)
+        if page is None:
+            if MASKED:
+                page = tl.load(block_row + tile_start // E, mask=tile_start < key_stop, other=0)
+            else:
+                page = tl.load(block_row + tile_start // E)
         page_ptr = kv_ptr + page.to(tl.int64) * page_stride
         if MMA_ROWS:
             rows = mma_tile_rows(BLOCK_N)
             values, scales = key_tile_words_mma(
                 page_ptr, tile_start % E + rows, rows < key_stop - tile_start,
-                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MASKED,
+                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MASKED, PTX,
             )  # fmt: skip
         else:
             entry = tile_start % E + tl.arange(0, BLOCK_N)
@@ -876,7 +914,7 @@ def paged_mqa_logits(
         C=size,
         OPERANDS=operand_mode(),
         MMA_ROWS=uses_mma_rows(cfg, layout.page_entries),
-        PREFETCH=cfg.prefetch,
+        PREFETCH=(2 if cfg.l2_prefetch else 1) if cfg.prefetch else 0,
         HALVES=cfg.halves,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -45,7 +45,7 @@ import triton.language as tl
 
 from graphidx.ops.kernels import OPERANDS_BF16X2 as _BF16X2_MODE
 from graphidx.ops.kernels import OPERANDS_FP32 as _FP32_MODE
-from graphidx.ops.kernels.ptx import prefetch_l1
+from graphidx.ops.kernels.ptx import load_byte_b32, prefetch_l1, prefetch_l2
 
 FP16_CODE_FACTOR = tl.constexpr(float(2**14))
 """Undoes the `2**-14` of an e2m1 code read as an fp16 (see the module docstring)."""
@@ -331,6 +331,29 @@ def prefetch_key_tile(
 
 
 @triton.jit
+def prefetch_tile_l2(page_ptr, first_entry, D: tl.constexpr, E: tl.constexpr,
+                     BLOCK_N: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
+    """Prefetch into L2 every line of the tile of BLOCK_N entries from slot `first_entry` of
+    the page at int32 `page_ptr` (first_entry a multiple of BLOCK_N, BLOCK_N a multiple of
+    the layout's n_per_tile): its codes and its scales are each one contiguous run of the
+    page. One line per thread of a 4-warp program; a no-op without PTX."""
+    CODE_BYTES: tl.constexpr = BLOCK_N * (D // 2)
+    SCALE_BYTES: tl.constexpr = BLOCK_N * (D // 32)
+    CODE_LINES: tl.constexpr = CODE_BYTES // 128 + 1  # + 1: the run need not start on a line
+    SCALE_LINES: tl.constexpr = SCALE_BYTES // 128 + 1
+    LINES: tl.constexpr = CODE_LINES + SCALE_LINES
+    line = tl.arange(0, 128)
+    code_byte = tl.minimum(line * 128, CODE_BYTES - 1)
+    scale_byte = tl.minimum((line - CODE_LINES) * 128, SCALE_BYTES - 1)
+    offset = tl.where(
+        line < CODE_LINES,
+        first_entry * (D // 2) + code_byte,
+        E * (D // 2) + first_entry * (D // 32) + scale_byte,
+    )
+    prefetch_l2(as_bytes(page_ptr) + offset, line < LINES, PTX)
+
+
+@triton.jit
 def mma_tile_rows(BLOCK_N: tl.constexpr):
     """Tile row of every (g, w, p, r) in `key_tile_words_mma`'s index space: int32
     `[1, 8, 4, BLOCK_N // 64, 2, 1, 1]`, row m = g + 8 r + 16 w + 64 p."""
@@ -354,6 +377,7 @@ def key_tile_words_mma(
     RUN: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
+    PTX: tl.constexpr,
 ):
     """`key_tile_words` for a tile of BLOCK_N keys (a multiple of 64), loaded straight in the
     thread layout of a 4-warp (one warpgroup) tensor-core A operand, so the decoded tile needs
@@ -367,7 +391,8 @@ def key_tile_words_mma(
     The loads are built as `[t, g, w, p, r, SUB, RUN // 4]`: Triton lays a load's threads
     along its dimensions in order of contiguity, ties in dimension order, so lanes go to t
     then g and warps to w, as the operand wants; a permute and a reshape (no data movement)
-    then give the `[BLOCK_N, SUB, RUN // 4, 4]` tile.
+    then give the `[BLOCK_N, SUB, RUN // 4, 4]` tile. Scales come back as int32
+    (`load_byte_b32`: one register each when PTX).
     """
     t = tl.arange(0, 4)[:, None, None, None, None, None, None]
     s = tl.arange(0, SUB)[None, None, None, None, None, :, None]
@@ -385,12 +410,14 @@ def key_tile_words_mma(
     )
     value_ptrs = page_ptr + words
     scale_ptrs = as_bytes(page_ptr) + (entry_scale + chunk_scale)
+    # Scale bytes each in a 32-bit register (`load_byte_b32`): a prefetched tile's scales then
+    # stay in flight until the tile is decoded.
     if MASKED:
         values = tl.load(value_ptrs, mask=live, other=0)
-        scales = tl.load(scale_ptrs, mask=live, other=127)
+        scales = load_byte_b32(scale_ptrs, live, 127, PTX)
     else:
         values = tl.load(value_ptrs)
-        scales = tl.load(scale_ptrs)
+        scales = load_byte_b32(scale_ptrs, None, 127, PTX)
     # [t, g, w, p, r, s, word] -> [p, w, r, g, s, word, t]: rows m = ((p * 4 + w) * 2 + r) * 8 + g.
     values = tl.reshape(tl.permute(values, (3, 2, 4, 1, 5, 6, 0)), [BLOCK_N, SUB, RUN // 4, 4])
     scales = tl.reshape(tl.permute(scales, (3, 2, 4, 1, 5, 6, 0)), [BLOCK_N, SUB, 1, 4])

@@ -1,9 +1,10 @@
 """Inline-PTX memory operations for the NVIDIA kernels: stores issued from a tensor's own
-layout, and L1 prefetches.
+layout, byte loads into whole registers, and L1 prefetches.
 
 Each helper takes `PTX`, a constexpr that is true when the kernel is compiled for an NVIDIA GPU
 (`operand_mode() == OPERANDS_BF16X2`). Without it (ROCm, the interpreter) the store is a plain
-`tl.store` and the prefetch does nothing, so results never depend on it.
+`tl.store`, the load a plain `tl.load` and the prefetch does nothing, so results never depend
+on it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ import triton.language as tl
 _PREDICATED = "{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p {} mov.b32 $0, 0; }}"
 STORE_ASM = tl.constexpr(_PREDICATED.format("st.global.b32 [$1], $3;"))
 PREFETCH_L1_ASM = tl.constexpr(_PREDICATED.format("prefetch.global.L1 [$1];"))
+PREFETCH_L2_ASM = tl.constexpr(_PREDICATED.format("prefetch.global.L2 [$1];"))
 """Each instruction runs only where operand $2 (the mask) is nonzero; $0 is a dummy result."""
+LOAD_U8_ASM = tl.constexpr(
+    "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, $3; @p ld.global.u8 $0, [$1]; }"
+)
+"""$0 = the byte at $1 zero-extended where the mask $2 is nonzero, else $3."""
 
 
 @triton.jit
@@ -38,6 +44,41 @@ def store_b32(ptrs, values, mask, PTX: tl.constexpr):
 
 
 @triton.jit
+def load_byte_b32(ptrs, mask, other, PTX: tl.constexpr):
+    """`tl.load(ptrs, mask=mask, other=other).to(tl.int32)` for uint8 `ptrs` (mask None: every
+    byte), loaded by inline PTX straight into a 32-bit register each when PTX. A uint8 tensor
+    carried to a later loop iteration is first packed into shared registers (PRMT), and the
+    packing waits for the load where it is issued; one register per byte lets a prefetch stay
+    in flight until its use. Only for memory no thread writes while the kernel runs (the
+    asm is marked pure, so copies of one element share one load)."""
+    if PTX:
+        if mask is None:
+            loaded = tl.inline_asm_elementwise(
+                "ld.global.u8 $0, [$1];",
+                "=r,l",
+                [ptrs.to(tl.int64, bitcast=True)],
+                dtype=tl.int32,
+                is_pure=True,
+                pack=1,
+            )
+        else:
+            flags = mask.to(tl.int32)
+            loaded = tl.inline_asm_elementwise(
+                LOAD_U8_ASM,
+                "=r,l,r,r",
+                [ptrs.to(tl.int64, bitcast=True), flags, tl.zeros_like(flags) + other],
+                dtype=tl.int32,
+                is_pure=True,
+                pack=1,
+            )
+    elif mask is None:
+        loaded = tl.load(ptrs).to(tl.int32)
+    else:
+        loaded = tl.load(ptrs, mask=mask, other=other).to(tl.int32)
+    return loaded
+
+
+@triton.jit
 def prefetch_l1(ptrs, mask, PTX: tl.constexpr):
     """Ask for the cache lines holding `ptrs` (where `mask`) to be brought into L1 ahead of
     the loads that will read them: `prefetch.global.L1`, which holds no register and is never
@@ -53,4 +94,19 @@ def prefetch_l1(ptrs, mask, PTX: tl.constexpr):
         )
 
 
-__all__ = ["prefetch_l1", "store_b32"]
+@triton.jit
+def prefetch_l2(ptrs, mask, PTX: tl.constexpr):
+    """`prefetch_l1` into L2 only (`prefetch.global.L2`): for lines wanted a tile or more later,
+    which L1 might not keep that long. A no-op without PTX."""
+    if PTX:
+        tl.inline_asm_elementwise(
+            PREFETCH_L2_ASM,
+            "=r,l,r",
+            [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
+__all__ = ["load_byte_b32", "prefetch_l1", "prefetch_l2", "store_b32"]
