@@ -1,6 +1,6 @@
 """H200 script: time bench cases for source trees side by side, in alternating rounds.
 
-    python tools/device_ab.py BASE_ROOT NEW_ROOT [MORE_ROOTS ...] [--rounds 3] [--case ...]
+    python tools/device_ab.py BASE_ROOT [NEW_ROOT ...] [--rounds 3] [--case ...]
 
 A kernel change is judged against the code before it on the same machine in the same call:
 each round runs the chosen `graphidx.bench` cases once per tree, each tree in its own process
@@ -8,8 +8,9 @@ each round runs the chosen `graphidx.bench` cases once per tree, each tree in it
 Every case is checked against the reference as in the bench (a FAIL is printed). Prints one
 line per case and round (replay time, and the replay's device span where the tree's bench
 measures it, `kernel_us`), then each tree's median replay times and their ratio to the first
-tree's, and the same for the spans. Trees are told apart by folder name (two copies of one
-tree in `_a` and `_b` give a noise estimate).
+tree's (where the first tree ran the case), and the same for the spans. Trees are told apart
+by folder name (two copies of one tree in `_a` and `_b` give a noise estimate); one tree alone
+is just timed.
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ DECODE_VARIANTS = {
     # N = 128 at H64 without halves: at the 128 cap, and uncapped (3 programs per SM)
     "64whole": (64, "64, 2, 4, 1, 128, 4, True, False"),
     "64uncapped": (64, "64, 2, 4, 1, None, 3, True, False"),
+    # the same two with the L2 prefetch of the tile after next
+    "64wholel2": (64, "64, 2, 4, 1, 128, 4, True, False, True"),
+    "64uncappedl2": (64, "64, 2, 4, 1, None, 3, True, False, True"),
 }
 for name, (heads, fields) in DECODE_VARIANTS.items():
     lens = "[16384] * 64, 64" if heads == 64 else "[65536] * 64, 128"
@@ -106,6 +110,9 @@ for name, (heads, fields) in DECODE_VARIANTS.items():
 # Keys from L2 instead of DRAM (`hot_pages`): how much of a decode's time is waiting on DRAM.
 CASES["decode64hot"] = f"hot_pages(lambda: {CASES['decode64']})"
 CASES["decode32hot"] = f"hot_pages(lambda: {CASES['decode32']})"
+CASES["decode64uncappedhot"] = f"hot_pages(lambda: {CASES['decode64uncapped']})"
+CASES["decode64uncappedshot"] = f"hot_pages(lambda: {CASES['decode64uncappeds']})"
+CASES["gatherhot"] = f"hot_pages(lambda: {CASES['gather']})"
 CASES["decode32s"] = (
     'dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, C, D, use_schedule=True)'
 )
@@ -215,11 +222,12 @@ def print_medians(title: str, samples: dict[tuple[str, str], list[float]], names
         cells = []
         for tree in names:
             got = samples.get((tree, name))
-            if not got or not base:
+            if not got:
                 cells.append(f"{'-':>20}")
                 continue
             median = statistics.median(got)
-            cells.append(f"{median:11.1f} ({median / statistics.median(base):5.3f})")
+            ratio = f"{median / statistics.median(base):5.3f}" if base else "    -"
+            cells.append(f"{median:11.1f} ({ratio})")
         print(f"{name:10} " + " ".join(cells))
 
 
@@ -229,8 +237,6 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--case", action="append", choices=sorted(CASES))
     args = parser.parse_args()
-    if len(args.roots) < 2:
-        parser.error("give at least two source trees")
     cases = args.case or sorted(CASES)
     trees = {os.path.basename(os.path.abspath(r)) or r: os.path.abspath(r) for r in args.roots}
     if len(trees) < len(args.roots):
