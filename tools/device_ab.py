@@ -29,6 +29,10 @@ CASES = {
     "decode64s": 'dense_decode_case("dense decode", 64, 2, [16384] * 64, 64, C, D,'
     " use_schedule=True)",
     "decode32": 'dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, C, D)',
+    # the bench's schedule cases: one 128K-key request and 63 of 1K, and the same keys spread
+    "skewed": 'dense_decode_case("skewed", 64, 2, [131072] + [1024] * 63, 64, C, D,'
+    " use_schedule=True)",
+    "even": 'dense_decode_case("even", 64, 2, [3056] * 64, 64, C, D, use_schedule=True)',
     "gather": "gather_case(32, 2, 64, 65536, 2048, 8, C, D)",
     "gather64": "gather_case(64, 2, 64, 65536, 2048, 8, C, D)",
     "gatherC16": "gather_case(32, 2, 64, 65536, 1024, 16, C, D)",  # other block sizes

@@ -79,6 +79,8 @@ PREFILL_SPLIT_KEYS = 4096
 """Keys per prefill program; a multiple of every BLOCK_N, amortizes the Q decode."""
 
 CLEAN_BLOCK = 1024
+ITEM_ALIGNMENT = tl.constexpr(SPLIT_ALIGNMENT)
+"""graphidx.ops.schedule.SPLIT_ALIGNMENT for the kernels: every item starts on a multiple."""
 
 _PER_STEP_ARGS = ["ctx_ptr", "row_ends_ptr", "qsl_ptr", "rows", "num_seqs", "width"]
 """Arguments that change from step to step (metadata views start anywhere in their buffers,
@@ -361,6 +363,8 @@ def _walk_tiles(
     two MMAs over the first and the second half of the group's rows (`LogitsConfig.halves`).
     PREFETCH: 0 none, 1 the next tile in registers (`LogitsConfig.prefetch`), 2 that and
     the tile after it into L2 (`LogitsConfig.l2_prefetch`)."""
+    tl.assume(key_start >= 0)
+    tl.assume(key_start % BLOCK_N == 0)
     full_stop = key_start + (key_stop - key_start) // BLOCK_N * BLOCK_N
     if HALVES:
         row_a, row_b = _halves(row)
@@ -392,6 +396,7 @@ def _walk_tiles(
             later_page = tl.load(block_row + tl.minimum(key_start + 2 * BLOCK_N, last_start) // E)
         # The partial tail tile (if any) is the last iteration: its stores are masked.
         for tile_start in range(key_start, key_stop, BLOCK_N):
+            tl.assume(tile_start >= 0)
             next_values, next_scales = _fetch_tile(
                 tl.minimum(tile_start + BLOCK_N, last_start), *fetch_args, next_page,
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False, PTX,
@@ -740,6 +745,9 @@ def _logits_scheduled_kernel(
         seq = tl.where(trusted, tl.load(item_ptr, mask=trusted, other=0), item // static_splits)
         fallback_start = (item % static_splits) * SPLIT
         key_start = tl.where(trusted, tl.load(item_ptr + 1, mask=trusted, other=0), fallback_start)
+        # Items start on a multiple of SPLIT_ALIGNMENT >= 0 (`build_decode_schedule`); kept so
+        # whatever the buffer holds, which also lets the compiler use unsigned tile math.
+        key_start = tl.maximum(key_start, 0) // ITEM_ALIGNMENT * ITEM_ALIGNMENT
         key_stop = tl.where(
             trusted, tl.load(item_ptr + 2, mask=trusted, other=0), fallback_start + SPLIT
         )
