@@ -79,13 +79,11 @@ def load_byte_b32(ptrs, mask, other, PTX: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l1(ptrs, mask, PTX: tl.constexpr):
-    """Ask for the cache lines holding `ptrs` (where `mask`) to be brought into L1 ahead of
-    the loads that will read them: `prefetch.global.L1`, which holds no register and is never
-    waited on. Pass only addresses the kernel may read. A no-op without PTX."""
+def _prefetch_lines(ASM: tl.constexpr, ptrs, mask, PTX: tl.constexpr):
+    """Issue the prefetch instruction ASM (`_PREDICATED` form) for `ptrs` where `mask`."""
     if PTX:
         tl.inline_asm_elementwise(
-            PREFETCH_L1_ASM,
+            ASM,
             "=r,l,r",
             [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32)],
             dtype=tl.int32,
@@ -95,18 +93,18 @@ def prefetch_l1(ptrs, mask, PTX: tl.constexpr):
 
 
 @triton.jit
+def prefetch_l1(ptrs, mask, PTX: tl.constexpr):
+    """Ask for the cache lines holding `ptrs` (where `mask`) to be brought into L1 ahead of
+    the loads that will read them: `prefetch.global.L1`, which holds no register and is never
+    waited on. Pass only addresses the kernel may read. A no-op without PTX."""
+    _prefetch_lines(PREFETCH_L1_ASM, ptrs, mask, PTX)
+
+
+@triton.jit
 def prefetch_l2(ptrs, mask, PTX: tl.constexpr):
     """`prefetch_l1` into L2 only (`prefetch.global.L2`): for lines wanted a tile or more later,
     which L1 might not keep that long. A no-op without PTX."""
-    if PTX:
-        tl.inline_asm_elementwise(
-            PREFETCH_L2_ASM,
-            "=r,l,r",
-            [ptrs.to(tl.int64, bitcast=True), mask.to(tl.int32)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
+    _prefetch_lines(PREFETCH_L2_ASM, ptrs, mask, PTX)
 
 
 __all__ = ["load_byte_b32", "prefetch_l1", "prefetch_l2", "store_b32"]
