@@ -69,6 +69,7 @@ from graphidx.ops.kernels.mxfp4_tl import (  # noqa: E402
     dequantize_keys_bf16x2,
     dequantize_tile,
     nibble_pairs,
+    tile_lines,
 )
 from graphidx.ops.kernels.topk import TopkConfig  # noqa: E402
 from graphidx.ops.kernels.topk import topk_per_row as triton_topk_per_row  # noqa: E402
@@ -679,6 +680,52 @@ def test_bf16_pair_codes_equal_the_plain_form() -> None:
     fast.fill_(5)
     _pair_codes_kernel[(1,)](words.to(torch.int32).to(TRITON_DEVICE), fast, plain, N=4096)
     assert torch.equal(fast, plain)
+
+
+@triton.jit
+def _tile_lines_kernel(offset_ptr, used_ptr, first_entry, D: tl.constexpr, E: tl.constexpr,
+                       BLOCK_N: tl.constexpr, N: tl.constexpr):  # fmt: skip
+    line = tl.arange(0, N)
+    offset, used = tile_lines(first_entry, line, D, E, BLOCK_N)
+    tl.store(offset_ptr + line, offset)
+    tl.store(used_ptr + line, used.to(tl.int32))
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "page_entries", "block_n"), [(128, 64, 64), (128, 256, 256), (64, 64, 32),
+                                              (256, 128, 128)],
+)  # fmt: skip
+def test_tile_lines_cover_the_tile(head_dim: int, page_entries: int, block_n: int) -> None:
+    """`tile_lines` (the L2 prefetch's addresses): every 128-byte line holding a byte of the
+    tile's codes or scales, as the kernels read them, gets an address, wherever the page
+    starts within a line, and no address leaves the page."""
+    from graphidx.mxfp4 import cache_layout
+
+    layout = cache_layout(8, head_dim, page_entries)
+    assert block_n % layout.n_per_tile == 0
+    slots = 512
+    for first in range(0, page_entries, block_n):
+        offsets = torch.empty(slots, dtype=torch.int32)
+        used = torch.empty(slots, dtype=torch.int32)
+        _tile_lines_kernel[(1,)](offsets, used, first, head_dim, page_entries, block_n, slots)
+        picked = offsets[used.bool()].tolist()
+        assert min(picked) >= 0 and max(picked) < layout.page_bytes
+        # The bytes of the tile's keys: their code words and scale bytes in the page.
+        entries = torch.arange(first, first + block_n)
+        read = set()
+        for e in entries.tolist():
+            tile, local = divmod(e, layout.n_per_tile)
+            for chunk in range(head_dim // 32):
+                base = tile * layout.n_per_tile * head_dim // 2
+                read.update(base + chunk * layout.n_per_tile * 16 + local * 16 + b
+                            for b in range(16))  # fmt: skip
+                lane, slot = chunk % layout.scale_lanes, chunk // layout.scale_lanes
+                per_lane = head_dim // 32 // layout.scale_lanes
+                scales = page_entries * head_dim // 2 + tile * layout.n_per_tile * head_dim // 32
+                read.add(scales + lane * layout.n_per_tile * per_lane + local * per_lane + slot)
+        for start in (0, 4, 100):  # the page's first byte within its line
+            lines = {(start + offset) // 128 for offset in picked}
+            assert {(start + b) // 128 for b in read} <= lines, (first, start)
 
 
 def test_tile_decode_follows_kernel_order() -> None:

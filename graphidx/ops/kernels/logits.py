@@ -359,8 +359,10 @@ def _walk_tiles(
     HALVES: tl.constexpr,
 ):
     """Score one row group's keys [key_start, key_stop) (key_start < key_stop, a multiple of
-    BLOCK_N) tile by tile: full tiles unmasked, then the partial tail. HALVES: each tile takes
-    two MMAs over the first and the second half of the group's rows (`LogitsConfig.halves`).
+    BLOCK_N) tile by tile: full tiles unmasked, then the partial tail (masked loads; with
+    PREFETCH it is the loop's last iteration, reading the rest of its page). HALVES: each
+    tile takes two MMAs over the first and the second half of the group's rows
+    (`LogitsConfig.halves`).
     PREFETCH: 0 none, 1 the next tile in registers (`LogitsConfig.prefetch`), 2 that and
     the tile after it into L2 (`LogitsConfig.l2_prefetch`)."""
     tl.assume(key_start >= 0)

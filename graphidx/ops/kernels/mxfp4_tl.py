@@ -331,26 +331,38 @@ def prefetch_key_tile(
 
 
 @triton.jit
-def prefetch_tile_l2(page_ptr, first_entry, D: tl.constexpr, E: tl.constexpr,
-                     BLOCK_N: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
-    """Prefetch into L2 every line of the tile of BLOCK_N entries from slot `first_entry` of
-    the page at int32 `page_ptr` (first_entry a multiple of BLOCK_N, BLOCK_N a multiple of
-    the layout's n_per_tile): its codes and its scales are each one contiguous run of the
-    page. One line per thread of a 4-warp program; a no-op without PTX."""
+def tile_lines(first_entry, line, D: tl.constexpr, E: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One address in each 128-byte line holding the codes or the scales of the tile of BLOCK_N
+    entries from slot `first_entry` of a page (first_entry a multiple of BLOCK_N, BLOCK_N a
+    multiple of the layout's n_per_tile, so each is one contiguous run of the page): for line
+    numbers `line` (int32), (byte offset within the page, whether that number is used).
+    Codes then scales; a run of S bytes need not start on a line, so it takes cdiv(S, 128) + 1
+    numbers, 128 bytes apart and the last at the run's last byte: every line it touches gets
+    one."""
     CODE_BYTES: tl.constexpr = BLOCK_N * (D // 2)
     SCALE_BYTES: tl.constexpr = BLOCK_N * (D // 32)
-    CODE_LINES: tl.constexpr = CODE_BYTES // 128 + 1  # + 1: the run need not start on a line
-    SCALE_LINES: tl.constexpr = SCALE_BYTES // 128 + 1
-    LINES: tl.constexpr = CODE_LINES + SCALE_LINES
-    line = tl.arange(0, 128)
-    code_byte = tl.minimum(line * 128, CODE_BYTES - 1)
-    scale_byte = tl.minimum((line - CODE_LINES) * 128, SCALE_BYTES - 1)
+    CODE_LINES: tl.constexpr = (CODE_BYTES + 127) // 128 + 1
+    SCALE_LINES: tl.constexpr = (SCALE_BYTES + 127) // 128 + 1
     offset = tl.where(
         line < CODE_LINES,
-        first_entry * (D // 2) + code_byte,
-        E * (D // 2) + first_entry * (D // 32) + scale_byte,
+        first_entry * (D // 2) + tl.minimum(line * 128, CODE_BYTES - 1),
+        E * (D // 2)
+        + first_entry * (D // 32)
+        + tl.minimum((line - CODE_LINES) * 128, SCALE_BYTES - 1),
     )
-    prefetch_l2(as_bytes(page_ptr) + offset, line < LINES, PTX)
+    return offset, line < CODE_LINES + SCALE_LINES
+
+
+@triton.jit
+def prefetch_tile_l2(page_ptr, first_entry, D: tl.constexpr, E: tl.constexpr,
+                     BLOCK_N: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
+    """Prefetch into L2 every line of the tile `tile_lines` describes, of the page at int32
+    `page_ptr`: 128 lines per step, one per thread of a 4-warp program (8 warps issue each
+    twice). A no-op without PTX."""
+    LINES: tl.constexpr = (BLOCK_N * (D // 2) + 127) // 128 + (BLOCK_N * (D // 32) + 127) // 128 + 2
+    for first_line in tl.static_range(0, LINES, 128):
+        offset, used = tile_lines(first_entry, first_line + tl.arange(0, 128), D, E, BLOCK_N)
+        prefetch_l2(as_bytes(page_ptr) + offset, used, PTX)
 
 
 @triton.jit

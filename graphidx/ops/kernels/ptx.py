@@ -1,5 +1,5 @@
 """Inline-PTX memory operations for the NVIDIA kernels: stores issued from a tensor's own
-layout, byte loads into whole registers, and L1 prefetches.
+layout, byte loads into whole registers, and L1 / L2 prefetches.
 
 Each helper takes `PTX`, a constexpr that is true when the kernel is compiled for an NVIDIA GPU
 (`operand_mode() == OPERANDS_BF16X2`). Without it (ROCm, the interpreter) the store is a plain
@@ -49,8 +49,10 @@ def load_byte_b32(ptrs, mask, other, PTX: tl.constexpr):
     byte), loaded by inline PTX straight into a 32-bit register each when PTX. A uint8 tensor
     carried to a later loop iteration is first packed into shared registers (PRMT), and the
     packing waits for the load where it is issued; one register per byte lets a prefetch stay
-    in flight until its use. Only for memory no thread writes while the kernel runs (the
-    asm is marked pure, so copies of one element share one load)."""
+    in flight until its use. Only for memory no thread writes while the kernel runs, and
+    only where every address (every masked one: where the mask holds) is valid wherever the
+    operands are computed: the asm is marked pure, so copies of one element share one load
+    and the compiler may move it, even ahead of a loop that runs no iteration."""
     if PTX:
         if mask is None:
             loaded = tl.inline_asm_elementwise(
