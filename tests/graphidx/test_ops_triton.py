@@ -816,6 +816,13 @@ def test_dense_logits_with_schedule(gen: torch.Generator, kind: str, next_n: int
     # An unbuilt (zeroed) schedule is not trusted: the static walk runs.
     schedule.zero_()
     check(longer, None)
+    # A hand-made buffer marked complete whose items start below 0 or off SPLIT_ALIGNMENT:
+    # each start is taken as max(start, 0) rounded down to it, so these cover everything.
+    schedule[:4] = torch.tensor([num_seqs, num_seqs, next_n, 1], dtype=torch.int32)
+    starts = [-5, 100, -(2**31), 255]
+    for s, start in enumerate(starts):
+        schedule[4 + 3 * s : 7 + 3 * s] = torch.tensor([s, start, 2**31 - 1], dtype=torch.int32)
+    check(longer, None)
 
 
 # ---------------------------------------------------------------------------------------
