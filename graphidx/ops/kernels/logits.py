@@ -481,7 +481,7 @@ def _fetch_tile(
         if MMA_ROWS:
             rows = mma_tile_rows(BLOCK_N)
             values, scales = key_tile_words_mma(
-                page_ptr, tile_start % E + rows, rows < key_stop - tile_start,
+                page_ptr, tile_start % E, rows, rows < key_stop - tile_start,
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MASKED, PTX,
             )  # fmt: skip
         else:

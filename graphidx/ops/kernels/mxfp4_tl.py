@@ -379,7 +379,8 @@ def mma_tile_rows(BLOCK_N: tl.constexpr):
 @triton.jit
 def key_tile_words_mma(
     page_ptr,
-    entry,
+    first_entry,
+    rows,
     live,
     D: tl.constexpr,
     E: tl.constexpr,
@@ -395,8 +396,11 @@ def key_tile_words_mma(
     thread layout of a 4-warp (one warpgroup) tensor-core A operand, so the decoded tile needs
     no shuffle through shared memory.
 
-    page_ptr, entry, live: each tile row's page (int32 pointer), slot in it (int32) and
-    whether to read it (MASKED only), indexed like `mma_tile_rows(BLOCK_N)` (or scalars).
+    page_ptr: the tile's page (int32 pointer); first_entry: its first slot there, a multiple
+    of NPT; rows, live: each tile row's slot past first_entry and whether to read it (MASKED
+    only), indexed like `mma_tile_rows(BLOCK_N)`. The rows' offsets do not depend on the
+    tile (a loop keeps them), whole NPT tiles of slots just shift them: the tile adds
+    first_entry * D / 8 words to its codes and first_entry * D / 32 bytes to its scales.
 
     In that layout a key row m = g + 8 r + 16 w + 64 p sits in lane 4 g + t of warp w
     (register r, repetition p), and lane t holds the row's bytes t * D/8 ... (kernel order).
@@ -411,7 +415,7 @@ def key_tile_words_mma(
     word = tl.arange(0, RUN // 4)[None, None, None, None, None, None, :]
     first = t * (SUB * RUN) + s * RUN  # first byte of the lane's run (as _run_starts)
     entry_words, entry_scale, run_words, chunk_scale = _entry_offsets(
-        entry, first, first // 16, D, E, NPT, LANES
+        rows, first, first // 16, D, E, NPT, LANES
     )
     # Each lane's run is RUN // 4 contiguous words starting at a multiple of RUN // 4 (beyond
     # what Triton's analysis can tell): the hints let each run load as one vector.
@@ -420,8 +424,8 @@ def key_tile_words_mma(
         tl.multiple_of(entry_words + run_words + word, [1, 1, 1, 1, 1, 1, W]),
         [1, 1, 1, 1, 1, 1, W],
     )
-    value_ptrs = page_ptr + words
-    scale_ptrs = as_bytes(page_ptr) + (entry_scale + chunk_scale)
+    value_ptrs = (page_ptr + first_entry * (D // 8)) + words
+    scale_ptrs = (as_bytes(page_ptr) + first_entry * (D // 32)) + (entry_scale + chunk_scale)
     # Scale bytes each in a 32-bit register (`load_byte_b32`): a prefetched tile's scales then
     # stay in flight until the tile is decoded.
     if MASKED:
