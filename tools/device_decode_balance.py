@@ -59,7 +59,8 @@ CASES = [
 
 @contextlib.contextmanager
 def keys_in_l2():
-    """Every seq's block-table row equal to seq 0's while the case is built."""
+    """Every seq's block-table row equal to seq 0's while the case is built (device_ab's
+    `hot_pages`, which stays inside that tool's child prelude so it runs with any tree)."""
     original = bench.random_block_table
 
     def shared(contexts, page_entries, device):

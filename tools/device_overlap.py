@@ -20,6 +20,7 @@ import argparse
 import torch
 import triton
 import triton.language as tl
+from probe_ptx import global_timer, sm_id
 
 PROGRAMS_PER_SM = 4
 MMA_SLOTS = 0b0011
@@ -29,19 +30,7 @@ ALU_SLOTS = 0b1100
 @triton.jit
 def _sm_slot(counter_ptr):
     """This program's arrival number on its SM."""
-    smid = tl.inline_asm_elementwise(
-        "mov.u32 $0, %smid;", "=r,r", [tl.zeros([], tl.int32)], dtype=tl.int32, is_pure=False,
-        pack=1,
-    )  # fmt: skip
-    return tl.atomic_add(counter_ptr + smid, 1)
-
-
-@triton.jit
-def _now():
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [tl.zeros([], tl.int32)], dtype=tl.int64,
-        is_pure=False, pack=1,
-    )  # fmt: skip
+    return tl.atomic_add(counter_ptr + sm_id(), 1)
 
 
 @triton.jit
@@ -50,7 +39,7 @@ def _overlap_kernel(a_ptr, b_ptr, x_ptr, out_ptr, counter_ptr, span_ptr, mma_ite
                     INTEGER_ALU: tl.constexpr):  # fmt: skip
     """Program roles by arrival on the SM (`mma_slots` / `alu_slots` bit masks); each
     program's duration in ns goes to span_ptr[pid] (its role, 1 MMA / 2 ALU / 0, beside)."""
-    begin = _now()
+    begin = global_timer()
     slot = _sm_slot(counter_ptr)
     m = tl.arange(0, 64)
     k = tl.arange(0, 128)
@@ -86,7 +75,7 @@ def _overlap_kernel(a_ptr, b_ptr, x_ptr, out_ptr, counter_ptr, span_ptr, mma_ite
             total += tl.sum(x)
     tl.store(out_ptr + tl.program_id(0), total)
     role = ((mma_slots >> slot) & 1) + 2 * ((alu_slots >> slot) & 1)
-    tl.store(span_ptr + 2 * tl.program_id(0), _now() - begin)
+    tl.store(span_ptr + 2 * tl.program_id(0), global_timer() - begin)
     tl.store(span_ptr + 2 * tl.program_id(0) + 1, role.to(tl.int64))
 
 

@@ -24,6 +24,7 @@ import statistics
 import torch
 import triton
 import triton.language as tl
+from probe_ptx import global_timer
 
 from graphidx.bench import kernel_span_us
 from graphidx.ops.kernels.read import read_max_kernel
@@ -32,18 +33,10 @@ ROWS, WIDTH, STEP, CHUNK = 128, 65536, 4096, 16384
 
 
 @triton.jit
-def _now():
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [tl.zeros([], tl.int32)], dtype=tl.int64,
-        is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-@triton.jit
 def _static_stream(src, out, times, n, STEP: tl.constexpr, DEPTH: tl.constexpr):
     """out[row] = max of the row; DEPTH (2 or 3) steps of loads in flight, unrolled so each
     buffer is refilled in place."""
-    start = _now()
+    start = global_timer()
     row = tl.program_id(0)
     base = src + row.to(tl.int64) * n
     col = tl.arange(0, STEP)
@@ -68,7 +61,7 @@ def _static_stream(src, out, times, n, STEP: tl.constexpr, DEPTH: tl.constexpr):
             c = tl.load(base + tl.minimum(first + 5 * STEP, last) + col)
         best = tl.maximum(best, a)  # 16 steps = 5 x 3 + 1: the last one sits in a
     tl.store(out + row, tl.max(best))
-    tl.store(times + row, _now() - start)
+    tl.store(times + row, global_timer() - start)
 
 
 @triton.jit
