@@ -299,32 +299,44 @@ def _score_group(
     span = tl.max(row_len, axis=0)
     key_stop = tl.minimum(key_stop, span)
     if key_start < key_stop:
-        slot = tl.arange(0, BLOCK_R * HP)
-        q_row = row_lo + slot // HP
-        q_head = slot % HP
-        q_ok = (q_row < row_hi) & (q_head < H)
-        queries = load_query_tile(
-            q_ptr,
-            q_scale_ptr,
-            q_row,
-            q_head,
-            q_ok,
-            q_row_stride,
-            q_head_stride,
-            qs_row_stride,
-            qs_head_stride,
-            SUB,
-            RUN,
-        )
-        queries_t = mma_operand(tl.trans(queries), OPERANDS)
-        weights = tl.load(w_ptr + q_row.to(tl.int64) * w_row_stride + q_head, mask=q_ok, other=0.0)
+        query_args = (q_ptr, q_scale_ptr, w_ptr, row_lo, row_hi, q_row_stride, q_head_stride,
+                      qs_row_stride, qs_head_stride, w_row_stride)  # fmt: skip
+        if HALVES:
+            # Each half of the rows decoded as its own operand: splitting one decoded tile
+            # made Triton convert its layout through shared memory 16 times (sm_90: 29 more
+            # barriers before the first tile, ~2 us of a one-wave H64 decode).
+            ROWS: tl.constexpr = BLOCK_R // 2
+            queries_a, weights_a = _group_queries(*query_args, 0, H, HP, SUB, RUN, ROWS, OPERANDS)
+            queries_b, weights_b = _group_queries(*query_args, ROWS, H, HP, SUB, RUN, ROWS,
+                                                  OPERANDS)  # fmt: skip
+        else:
+            queries_a, weights_a = _group_queries(*query_args, 0, H, HP, SUB, RUN, BLOCK_R,
+                                                  OPERANDS)  # fmt: skip
+            queries_b, weights_b = queries_a, weights_a
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
         _walk_tiles(
-            key_start, key_stop, row, row_len, queries_t, weights, out_ptr, bs_ptr,
-            out_row_stride, bs_row_stride, kv_ptr, block_row, page_stride,
+            key_start, key_stop, row, row_len, queries_a, weights_a, queries_b, weights_b,
+            out_ptr, bs_ptr, out_row_stride, bs_row_stride, kv_ptr, block_row, page_stride,
             HP, D, SUB, RUN, E, NPT, LANES, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
             MMA_ROWS, PREFETCH, HALVES,
         )  # fmt: skip
+
+
+@triton.jit
+def _group_queries(q_ptr, q_scale_ptr, w_ptr, row_lo, row_hi, q_row_stride, q_head_stride,
+                   qs_row_stride, qs_head_stride, w_row_stride, FIRST: tl.constexpr,
+                   H: tl.constexpr, HP: tl.constexpr, SUB: tl.constexpr, RUN: tl.constexpr,
+                   ROWS: tl.constexpr, OPERANDS: tl.constexpr):  # fmt: skip
+    """(Q^T as the MMA's B operand `[D, ROWS * HP]`, weights `[ROWS * HP]`) of rows
+    [row_lo + FIRST, + ROWS) of the group, 0 for heads >= H and rows >= row_hi."""
+    slot = tl.arange(0, ROWS * HP)
+    q_row = row_lo + FIRST + slot // HP
+    q_head = slot % HP
+    q_ok = (q_row < row_hi) & (q_head < H)
+    queries = load_query_tile(q_ptr, q_scale_ptr, q_row, q_head, q_ok, q_row_stride,
+                              q_head_stride, qs_row_stride, qs_head_stride, SUB, RUN)  # fmt: skip
+    weights = tl.load(w_ptr + q_row.to(tl.int64) * w_row_stride + q_head, mask=q_ok, other=0.0)
+    return mma_operand(tl.trans(queries), OPERANDS), weights
 
 
 @triton.jit
@@ -333,8 +345,10 @@ def _walk_tiles(
     key_stop,
     row,
     row_len,
-    queries_t,
-    weights,
+    queries_a,
+    weights_a,
+    queries_b,
+    weights_b,
     out_ptr,
     bs_ptr,
     out_row_stride,
@@ -362,7 +376,8 @@ def _walk_tiles(
     BLOCK_N) tile by tile: full tiles unmasked, then the partial tail (masked loads; with
     PREFETCH it is the loop's last iteration, reading the rest of its page). HALVES: each
     tile takes two MMAs over the first and the second half of the group's rows
-    (`LogitsConfig.halves`).
+    (`LogitsConfig.halves`), with queries and weights `_a` and `_b` (`_group_queries` of
+    each half); without it `_a` holds all the rows and `_b` is not used.
     PREFETCH: 0 none, 1 the next tile in registers (`LogitsConfig.prefetch`), 2 that and
     the tile after it into L2 (`LogitsConfig.l2_prefetch`)."""
     tl.assume(key_start >= 0)
@@ -371,12 +386,10 @@ def _walk_tiles(
     if HALVES:
         row_a, row_b = _halves(row)
         len_a, len_b = _halves(row_len)
-        queries_a, queries_b = _column_halves(queries_t)
-        weights_a, weights_b = _halves(weights)
         tile_args = (row_a, len_a, queries_a, weights_a, row_b, len_b, queries_b, weights_b,
                      out_ptr, bs_ptr, out_row_stride, bs_row_stride)  # fmt: skip
     else:
-        tile_args = (row, row_len, queries_t, weights, row, row_len, queries_t, weights,
+        tile_args = (row, row_len, queries_a, weights_a, row, row_len, queries_a, weights_a,
                      out_ptr, bs_ptr, out_row_stride, bs_row_stride)  # fmt: skip
     PTX: tl.constexpr = OPERANDS == BF16X2_OPERANDS
     if PREFETCH:
@@ -501,14 +514,6 @@ def _halves(x):
     """[N] -> its first and second halves."""
     size: tl.constexpr = x.shape[0]
     return tl.split(tl.permute(tl.reshape(x, [2, size // 2]), (1, 0)))
-
-
-@triton.jit
-def _column_halves(x):
-    """[D, N] -> its first and second N / 2 columns."""
-    rows: tl.constexpr = x.shape[0]
-    columns: tl.constexpr = x.shape[1]
-    return tl.split(tl.permute(tl.reshape(x, [rows, 2, columns // 2]), (0, 2, 1)))
 
 
 @triton.jit
