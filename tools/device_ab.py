@@ -29,6 +29,9 @@ CASES = {
     "decode64s": 'dense_decode_case("dense decode", 64, 2, [16384] * 64, 64, C, D,'
     " use_schedule=True)",
     "decode32": 'dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, C, D)',
+    # short steps, where the per-program query decode weighs most
+    "decode64x4k": 'dense_decode_case("dense decode 4K", 64, 2, [4096] * 64, 64, C, D)',
+    "decode32x8k": 'dense_decode_case("dense decode 8K", 32, 2, [8192] * 64, 128, C, D)',
     # the bench's schedule cases: one 128K-key request and 63 of 1K, and the same keys spread
     "skewed": 'dense_decode_case("skewed", 64, 2, [131072] + [1024] * 63, 64, C, D,'
     " use_schedule=True)",
