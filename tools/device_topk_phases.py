@@ -39,6 +39,8 @@ ROW_MAX = "row_max" in inspect.signature(tk._select.fn).parameters
 SEEN = hasattr(tk, "_maxima_range")
 """`_store_group_maxima` returns its maxima's running range, `_list_groups` takes it."""
 KTH_ABOVE = "above_count" in inspect.signature(tk._emit_selection.fn).parameters
+PARTS_ARG = "PARTS" in inspect.signature(tk._collect_groups.fn).parameters
+"""`_collect_groups` cuts groups into PARTS pieces per thread (session 15 on)."""
 """`_kth_largest_key` also returns count(keys > t)."""
 ONE_READ_US = ROWS * WIDTH * 4 / 4.3e12 * 1e6
 
@@ -62,7 +64,8 @@ def _cut_kernel(
     K_PAD: tl.constexpr, CAP: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
     NG_PAD: tl.constexpr, ROW_INTS: tl.constexpr, PHASES: tl.constexpr,
     TIGHT_ARG: tl.constexpr, ROW_MAX: tl.constexpr, SEEN: tl.constexpr,
-    KTH_ABOVE: tl.constexpr, PTX: tl.constexpr = True,
+    KTH_ABOVE: tl.constexpr, PARTS_ARG: tl.constexpr, PARTS: tl.constexpr,
+    PTX: tl.constexpr = True,
 ):  # fmt: skip
     """The P = 1 top-k kernel stopped after PHASES phases (1 maxima, 2 floor and group
     list, 3 collect; then the select's steps when the candidates fit CAP: 4 their keys
@@ -90,9 +93,14 @@ def _cut_kernel(
         result = listed
         if PHASES >= 3:
             tl.debug_barrier()
-            above, tied = tk._collect_groups(src, n, floor, group_list, listed, candidates,
-                                             candidates + CAP, K_PAD, CAP, G, SG, PTX,
-                                             True)  # fmt: skip
+            if PARTS_ARG:
+                above, tied = tk._collect_groups(src, n, floor, group_list, listed, candidates,
+                                                 candidates + CAP, K_PAD, CAP, G, SG, PARTS,
+                                                 PTX, True)  # fmt: skip
+            else:
+                above, tied = tk._collect_groups(src, n, floor, group_list, listed, candidates,
+                                                 candidates + CAP, K_PAD, CAP, G, SG, PTX,
+                                                 True)  # fmt: skip
             result = above + tied
             if PHASES >= 4:
                 tl.debug_barrier()
@@ -120,6 +128,13 @@ def _cut_kernel(
                                                           32)  # fmt: skip
                     result = reaching
     tl.store(out_ptr + row, result)
+
+
+def parts_of(group: int, cfg: tk.TopkConfig) -> int:
+    """The library's PARTS for this config (1 before it had them)."""
+    if not PARTS_ARG:
+        return 1
+    return tk.collect_parts(group, max(1, cfg.chunk // group), cfg.num_warps)
 
 
 def _timed(fn, repeat: int) -> tuple[float, float, float]:
@@ -177,6 +192,7 @@ def main() -> int:
                     logits, out_cut, s, WIDTH, WIDTH, k, K_PAD=k_pad, CAP=cfg.capacity, G=g,
                     SG=cfg.chunk // g, NG_PAD=gp, ROW_INTS=r, PHASES=p,
                     TIGHT_ARG=TIGHT_ARG, ROW_MAX=ROW_MAX, SEEN=SEEN, KTH_ABOVE=KTH_ABOVE,
+                    PARTS_ARG=PARTS_ARG, PARTS=parts_of(g, cfg),
                     num_warps=cfg.num_warps))  # fmt: skip
             if phases in (2, 3):
                 stats.append(

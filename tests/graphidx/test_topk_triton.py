@@ -263,6 +263,21 @@ def test_default_config_choice() -> None:
     assert split_config(512, 16).groups == 2048
 
 
+def test_collect_parts_give_about_a_piece_per_thread() -> None:
+    """Collect steps cut groups into pieces of >= 4 columns until there is about one piece per
+    thread (the bench shapes: k 2048 keeps whole 8-column groups, k 512 halves 16-column
+    ones); groups under 8 columns and steps with enough groups stay whole."""
+    parts = topk_kernels.collect_parts
+    assert parts(8, 512, 16) == 1
+    assert parts(16, 256, 16) == 2
+    assert parts(4096, 2, 4) == 64
+    assert parts(2, 2048, 4) == parts(4, 64, 16) == parts(16, 1024, 8) == 1
+    for group, steps, warps in ((8, 8, 4), (32, 2, 4), (64, 32, 8), (16, 4, 16)):
+        count = parts(group, steps, warps)
+        assert count & (count - 1) == 0 and group // count >= 4
+        assert steps * count <= 32 * warps
+
+
 def test_bad_config_raises_before_any_launch() -> None:
     logits = torch.randn(2, 50)
     lengths = torch.tensor([50, 50], dtype=torch.int32)

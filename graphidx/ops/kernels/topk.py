@@ -492,6 +492,20 @@ def _run_prefix(x):
 
 
 @triton.jit
+def _tile_prefix(x):
+    """(exclusive prefix sum of x in row-major order, total) for a 3-D [pieces, runs, RUN]
+    tile whose pieces each lie in one thread (`_group_tile`). Every scan but the one across
+    the piece totals runs along an axis a thread holds, in the tile's own layout: a scan of
+    a reduced (sliced) layout would first be converted through shared memory (at k 2048,
+    128 x 65536: 11 -> 5 CTA barriers and 383 -> 335 sm_90 instructions per collect step)."""
+    earlier_runs = tl.sum(tl.cumsum(x, axis=1) - x, axis=2)
+    piece_total = tl.sum(tl.sum(x, axis=2), axis=1)
+    piece_prefix = tl.cumsum(piece_total, axis=0) - piece_total
+    within = piece_prefix[:, None] + earlier_runs
+    return within[:, :, None] + tl.cumsum(x, axis=2) - x, tl.sum(piece_total, axis=0)
+
+
+@triton.jit
 def _emit_selection(key, col, threshold, k, dst):
     """Write the columns with key > threshold, then equal ones up to k in total (each kind in
     column order; key and col are [runs, RUN] in row-major column order). Both are numbered
@@ -716,32 +730,40 @@ def _list_groups(maxima, seen, n, k, group_list, G: tl.constexpr, NG_PAD: tl.con
 
 
 @triton.jit
-def _listed(group_list, first, listed, TG: tl.constexpr):
-    """Group ids of list entries [first, first + TG) (0 past `listed`)."""
-    entry = first + tl.arange(0, TG)
+def _listed(group_list, first, listed, TG: tl.constexpr, PARTS: tl.constexpr):
+    """Group ids of list entries [first, first + TG), each repeated PARTS times (0 past
+    `listed`): one per row of `_group_tile`."""
+    entry = first + tl.arange(0, TG * PARTS) // PARTS
     return tl.load(group_list + entry, mask=entry < listed, other=0, cache_modifier=".cg")
 
 
 @triton.jit
-def _group_tile(
-    src, n, group, first, listed, G: tl.constexpr, TG: tl.constexpr, QUADS: tl.constexpr
-):
+def _group_tile(src, n, group, first, listed, G: tl.constexpr, TG: tl.constexpr,
+                PARTS: tl.constexpr, QUADS: tl.constexpr):  # fmt: skip
     """(columns, floats) of list entries [first, first + TG) (`group`: their ids, from
-    `_listed`) as one [TG, G] tile in column order (row-major); -inf where not read (entries past
-    `listed`, and columns past n unless QUADS reads them, below). The floats are raw:
-    `_tile_keys` turns them into keys where they are used, so a tile loaded a step ahead
-    is not waited for until then.
+    `_listed`) as one [TG * PARTS, W / R, R] tile in column order (row-major): each group
+    cut into PARTS pieces of W = G / PARTS columns, a piece in runs of R = min(W, 4); -inf
+    where not read (entries past `listed`, and columns past n unless QUADS reads them,
+    below). With the runs an axis of their own, Triton gives each thread whole pieces (a
+    [TG, G] tile would spread a group over G / 4 threads), so counts per piece need no
+    layout conversion (`_tile_prefix`); the caller picks PARTS so that there are about as
+    many pieces as threads. The floats are raw: `_tile_keys` turns them into keys where they
+    are used, so a tile loaded a step ahead is not waited for until then.
 
-    QUADS (the row width a multiple of 4, G >= 4): loads are masked per quad of 4 columns
+    QUADS (the row width a multiple of 4, W >= 4): loads are masked per quad of 4 columns
     (a quad that starts before n ends inside the row), which lets them be 16-byte vectors;
     the columns past n in the last quad are read and left to `_tile_keys`. Else masked per
     column."""
-    inside = first + tl.arange(0, TG) < listed
-    col = group[:, None] * G + tl.arange(0, G)[None, :]
-    if QUADS and G >= 4:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
-        mask = inside[:, None] & (col // 4 * 4 < n)
+    W: tl.constexpr = G // PARTS
+    R: tl.constexpr = 4 if W >= 4 else W
+    piece = tl.arange(0, TG * PARTS)
+    inside = (first + piece // PARTS < listed)[:, None, None]
+    run = tl.arange(0, W // R)[None, :, None] * R + tl.arange(0, R)[None, None, :]
+    col = (group * G + piece % PARTS * W)[:, None, None] + run
+    if QUADS and W >= 4:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
+        mask = inside & (col // 4 * 4 < n)
     else:
-        mask = inside[:, None] & (col < n)
+        mask = inside & (col < n)
     value = tl.load(src + col, mask=mask, other=float("-inf"))
     return col, value
 
@@ -769,14 +791,16 @@ def _collect_groups(
     CAP: tl.constexpr,
     G: tl.constexpr,
     TG: tl.constexpr,
+    PARTS: tl.constexpr,
     PTX: tl.constexpr,
     QUADS: tl.constexpr,
 ):
     """(above, tied): append the columns with key > floor of the `listed` groups of
     `group_list` to `candidates` and those equal to a finite floor to `ties`, in column order,
-    TG groups per step; the counts count every match, the buffers keep the first CAP / K_PAD.
-    Both are numbered by one prefix sum over the step, the two counts packed in 16-bit halves
-    (a step holds fewer than 65536 columns)."""
+    TG groups per step (each in PARTS pieces, `_group_tile`); the counts count every match,
+    the buffers keep the first CAP / K_PAD. Both are numbered by one prefix sum over the step
+    (`_tile_prefix`), the two counts packed in 16-bit halves (a step holds fewer than 65536
+    columns)."""
     above_total = tl.zeros([], tl.int32)
     tied_total = tl.zeros([], tl.int32)
     # The floor is at least KEY_NEG_INF: no key at or below it (the tile's keys are not
@@ -784,18 +808,18 @@ def _collect_groups(
     # Software pipeline: step i + 2's group ids load while step i is counted and stored,
     # and are first read a step later; so are step i + 1's floats, issued here too
     # (tools/compile_sm90.py --loads at 9897f4d: first read ~360 instructions later).
-    group = _listed(group_list, 0, listed, TG)
-    col, value = _group_tile(src, n, group, 0, listed, G, TG, QUADS)
-    group = _listed(group_list, TG, listed, TG)
+    group = _listed(group_list, 0, listed, TG, PARTS)
+    col, value = _group_tile(src, n, group, 0, listed, G, TG, PARTS, QUADS)
+    group = _listed(group_list, TG, listed, TG, PARTS)
     for first in range(0, listed, TG):
-        key = _tile_keys(col, value, n, QUADS and G >= 4)
+        key = _tile_keys(col, value, n, QUADS and G // PARTS >= 4)
         above = key > floor
         tied = (key == floor) & (key > KEY_NEG_INF)
         packed = above.to(tl.int32) + (tied.to(tl.int32) << 16)
         here = col
-        col, value = _group_tile(src, n, group, first + TG, listed, G, TG, QUADS)
-        group = _listed(group_list, first + 2 * TG, listed, TG)
-        rank, total = _run_prefix(packed)
+        col, value = _group_tile(src, n, group, first + TG, listed, G, TG, PARTS, QUADS)
+        group = _listed(group_list, first + 2 * TG, listed, TG, PARTS)
+        rank, total = _tile_prefix(packed)
         slot = above_total + (rank & 0xFFFF)
         store_b32(candidates + slot, here, above & (slot < CAP), PTX)
         slot = tied_total + (rank >> 16)
@@ -823,6 +847,7 @@ def _topk_row_kernel(
     ROW_INTS: tl.constexpr,
     PTX: tl.constexpr,
     QUADS: tl.constexpr,
+    PARTS: tl.constexpr,
 ):
     """P = 1: one program per row; one streaming pass, then only the listed groups (QUADS:
     the width is a multiple of 4, `_group_tile`)."""
@@ -839,7 +864,7 @@ def _topk_row_kernel(
     floor, listed, row_max = _list_groups(maxima, seen, n, k, group_list, G, NG_PAD)
     tl.debug_barrier()
     above, tied = _collect_groups(src, n, floor, group_list, listed, candidates, ties,
-                                  K_PAD, CAP, G, SG, PTX, QUADS)  # fmt: skip
+                                  K_PAD, CAP, G, SG, PARTS, PTX, QUADS)  # fmt: skip
     tl.debug_barrier()
     _select(src, n, out_ptr + row * out_row_stride, candidates, ties, above, tied, floor,
             row_max, k, K_PAD, CAP, True)  # fmt: skip
@@ -947,6 +972,14 @@ def group_columns(width: int, groups: int) -> int:
     return next_power_of_2(max(1, -(-width // groups)))
 
 
+def collect_parts(group: int, step_groups: int, num_warps: int) -> int:
+    """PARTS of `_collect_groups`: pieces each of a step's `step_groups` groups of `group`
+    columns is cut into, as few as give about one piece per thread, pieces of >= 4 columns
+    (at 128 x 65536: 1 at k 2048, 512 groups of 8 columns per step; 2 at k 512, 256 groups of
+    16)."""
+    return max(1, min(32 * num_warps // step_groups, group // 4))
+
+
 def _launch_options(cfg: TopkConfig) -> dict[str, int]:
     launch = {"num_warps": cfg.num_warps}
     if cfg.max_registers is not None:
@@ -968,6 +1001,7 @@ def _topk_rows(
             f"{max(group, cfg.chunk)} columns, more than {MAX_STEP_COLUMNS}"
         )
     groups_pad = next_power_of_2(-(-width // group))
+    step_groups = max(1, cfg.chunk // group)
     row_ints = cfg.capacity + k_pad + 2 * groups_pad
     batch = max(1, SCRATCH_BYTES // (4 * row_ints))
     scratch = torch.empty((min(rows, batch), row_ints), dtype=torch.int32, device=logits.device)
@@ -976,9 +1010,10 @@ def _topk_rows(
         _topk_row_kernel[(last - first,)](
             logits[first:last], lengths[first:last], out[first:last], scratch,
             logits.stride(0), out.stride(0), width, k,
-            K_PAD=k_pad, CAP=cfg.capacity, G=group, SG=max(1, cfg.chunk // group),
+            K_PAD=k_pad, CAP=cfg.capacity, G=group, SG=step_groups,
             NG_PAD=groups_pad, ROW_INTS=row_ints, PTX=operand_mode() == OPERANDS_BF16X2,
-            QUADS=width % 4 == 0, **_launch_options(cfg),
+            QUADS=width % 4 == 0, PARTS=collect_parts(group, step_groups, cfg.num_warps),
+            **_launch_options(cfg),
         )  # fmt: skip
 
 
