@@ -822,10 +822,12 @@ def _collect_groups(
         rank, total = _tile_prefix(packed)
         slot = above_total + (rank & 0xFFFF)
         store_b32(candidates + slot, here, above & (slot < CAP), PTX)
-        slot = tied_total + (rank >> 16)
-        store_b32(ties + slot, here, tied & (slot < K_PAD), PTX)
+        tied_here = (total >> 16) & 0xFFFF  # 32768 ties set the sign bit
+        if tied_here > 0:  # ties are rare: most steps skip their stores' address math
+            slot = tied_total + (rank >> 16)
+            store_b32(ties + slot, here, tied & (slot < K_PAD), PTX)
         above_total += total & 0xFFFF
-        tied_total += (total >> 16) & 0xFFFF  # 32768 ties set the sign bit
+        tied_total += tied_here
     return above_total, tied_total
 
 
