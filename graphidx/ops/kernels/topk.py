@@ -21,6 +21,8 @@ One program per row (P = 1, `_topk_row_kernel`, one launch), rows cut into G-col
 3. *Collect.* Only the listed groups are read again (from L2): columns > floor go to the
    candidate buffer (CAP = 2 * K_PAD entries), columns == floor to the tie buffer (K_PAD),
    numbered by one prefix sum per step, so both buffers hold their columns in column order.
+   A step's tile gives each thread whole pieces of groups (`_group_tile`), so the prefix sum
+   needs no layout conversion (`_tile_prefix`).
 4. *Select* (`_select`): at most k candidates: the floor *is* the k-th largest key when the
    row has k finite values; write every candidate, then the first tied columns up to k, then
    -1. Up to CAP: find the exact k-th largest key among them (searching from [floor + 1,
@@ -48,14 +50,11 @@ largest key (`_kth_largest_key`), or 2-bit digits in the whole-row select; each 
 once exactly k keys are at or above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
-11): P = 1 at 16 warps takes 26.5 us at k 512 and 37.1 at k 2048 (bench at 0525300), 3.4 and
-4.8 times the nominal read of the logits (7.8 us at 4.3 TB/s), 2.0 and 2.8 times a measured
-one (13.2 us, the same timing); the kernels alone (the replay's device span) 22.7 and 33.7
-us, 2.9 and 4.3 nominal reads, 2.4 and 3.6 times the measured read's kernel (9.4 us).
-Per phase at 9897f4d, before the last ~0.5 us (tools/device_topk_phases.py --quick, k 512 /
-k 2048, replay times): group maxima 13.2 us (a bare streaming row max with this grid: 13.1),
-floor and list 5.1 / 7.9, collect 4.4 / 7.9, select 4.9 / 8.7 (candidate gather 0.8 / 2.4,
-exact search 2.7 / 4.9, writing 1.4 / 1.4).
+15): P = 1 at 16 warps, kernel alone (the replay's device span) 22.3 us at k 512 and 31.1 at
+k 2048 (A/B at 06c0a6b; replays 25.7 / 34.4), 2.35 and ~3.3 times a measured read of the
+logits' kernel (9.5 us), 2.9 and 4.0 times the nominal read (7.8 us at 4.3 TB/s). Where the
+k 2048 kernel spent its time before the session-15 collect change (Nsight Compute samples):
+the maxima stream 28%, floor and list ~20%, collect ~28%, select ~17%.
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
