@@ -39,9 +39,9 @@ ROW_MAX = "row_max" in inspect.signature(tk._select.fn).parameters
 SEEN = hasattr(tk, "_maxima_range")
 """`_store_group_maxima` returns its maxima's running range, `_list_groups` takes it."""
 KTH_ABOVE = "above_count" in inspect.signature(tk._emit_selection.fn).parameters
+"""`_kth_largest_key` also returns count(keys > t)."""
 PARTS_ARG = "PARTS" in inspect.signature(tk._collect_groups.fn).parameters
 """`_collect_groups` cuts groups into PARTS pieces per thread (session 15 on)."""
-"""`_kth_largest_key` also returns count(keys > t)."""
 ONE_READ_US = ROWS * WIDTH * 4 / 4.3e12 * 1e6
 
 

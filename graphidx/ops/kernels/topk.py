@@ -974,10 +974,10 @@ def group_columns(width: int, groups: int) -> int:
 
 
 def collect_parts(group: int, step_groups: int, num_warps: int) -> int:
-    """PARTS of `_collect_groups`: pieces each of a step's `step_groups` groups of `group`
-    columns is cut into, as few as give about one piece per thread, pieces of >= 4 columns
-    (at 128 x 65536: 1 at k 2048, 512 groups of 8 columns per step; 2 at k 512, 256 groups of
-    16)."""
+    """PARTS of `_collect_groups`: how many pieces each group of `group` columns is cut
+    into so that a step of `step_groups` groups has about one piece per thread, keeping
+    pieces of >= 4 columns (at 128 x 65536: 1 at k 2048, 512 groups of 8 columns per step;
+    2 at k 512, 256 groups of 16)."""
     return max(1, min(32 * num_warps // step_groups, group // 4))
 
 
