@@ -42,6 +42,8 @@ KTH_ABOVE = "above_count" in inspect.signature(tk._emit_selection.fn).parameters
 """`_kth_largest_key` also returns count(keys > t)."""
 PARTS_ARG = "PARTS" in inspect.signature(tk._collect_groups.fn).parameters
 """`_collect_groups` cuts groups into PARTS pieces per thread (session 15 on)."""
+SEEDS = "RANKS" in inspect.signature(tk._store_group_maxima.fn).parameters
+"""Stream lanes keep their largest maxima to seed the floor search (session 16 on)."""
 ONE_READ_US = ROWS * WIDTH * 4 / 4.3e12 * 1e6
 
 
@@ -65,7 +67,7 @@ def _cut_kernel(
     NG_PAD: tl.constexpr, ROW_INTS: tl.constexpr, PHASES: tl.constexpr,
     TIGHT_ARG: tl.constexpr, ROW_MAX: tl.constexpr, SEEN: tl.constexpr,
     KTH_ABOVE: tl.constexpr, PARTS_ARG: tl.constexpr, PARTS: tl.constexpr,
-    PTX: tl.constexpr = True,
+    SEEDS: tl.constexpr, PTX: tl.constexpr = True,
 ):  # fmt: skip
     """The P = 1 top-k kernel stopped after PHASES phases (1 maxima, 2 floor and group
     list, 3 collect; then the select's steps when the candidates fit CAP: 4 their keys
@@ -76,14 +78,21 @@ def _cut_kernel(
     candidates = scratch_ptr + row * ROW_INTS
     maxima = candidates + CAP + K_PAD
     group_list = maxima + NG_PAD
-    if SEEN:
+    RANK: tl.constexpr = (K_PAD + SG - 1) // SG
+    RANKS: tl.constexpr = RANK if RANK <= 4 else 0  # as `_topk_row_kernel` picks them
+    if SEEDS:
+        seen = tk._store_group_maxima(src, n, maxima, G, SG, RANKS, PTX)
+    elif SEEN:
         seen = tk._store_group_maxima(src, n, maxima, G, SG, PTX)
     else:
         tk._store_group_maxima(src, n, maxima, G, SG, PTX)
     result = tl.zeros([], tl.int32)
     if PHASES >= 2:
         tl.debug_barrier()
-        if SEEN:
+        if SEEDS:
+            floor, listed, row_max = tk._list_groups(maxima, seen, n, k, group_list, G, NG_PAD,
+                                                     RANKS)  # fmt: skip
+        elif SEEN:
             floor, listed, row_max = tk._list_groups(maxima, seen, n, k, group_list, G, NG_PAD)
         elif ROW_MAX:
             floor, listed, row_max = tk._list_groups(maxima, n, k, group_list, G, NG_PAD)
@@ -117,7 +126,10 @@ def _cut_kernel(
                     largest, smallest, live = tk._key_range(key)
                 result = live
                 if PHASES >= 5:
-                    if KTH_ABOVE:
+                    if SEEDS:
+                        _, reaching = tk._kth_largest_key(key, k, k, k, largest, smallest,
+                                                          live, 0, 0, 32)  # fmt: skip
+                    elif KTH_ABOVE:
                         _, reaching, _ = tk._kth_largest_key(key, k, k, k, largest, smallest,
                                                              live, 32)  # fmt: skip
                     elif TIGHT_ARG:  # the search's arguments since session 8
@@ -192,7 +204,7 @@ def main() -> int:
                     logits, out_cut, s, WIDTH, WIDTH, k, K_PAD=k_pad, CAP=cfg.capacity, G=g,
                     SG=cfg.chunk // g, NG_PAD=gp, ROW_INTS=r, PHASES=p,
                     TIGHT_ARG=TIGHT_ARG, ROW_MAX=ROW_MAX, SEEN=SEEN, KTH_ABOVE=KTH_ABOVE,
-                    PARTS_ARG=PARTS_ARG, PARTS=parts_of(g, cfg),
+                    PARTS_ARG=PARTS_ARG, PARTS=parts_of(g, cfg), SEEDS=SEEDS,
                     num_warps=cfg.num_warps))  # fmt: skip
             if phases in (2, 3):
                 stats.append(

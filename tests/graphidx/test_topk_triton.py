@@ -394,7 +394,9 @@ def test_oversized_step_refused_before_any_launch() -> None:
 def _floor_kernel(maxima_ptr, out_ptr, k, NG: tl.constexpr):
     """The library's floor over NG group-maximum keys (uint32 stored as int32)."""
     group_max = tl.load(maxima_ptr + tl.arange(0, NG)).to(tl.uint32, bitcast=True)
-    floor, reaching = topk_kernels._row_floor(group_max, k, *topk_kernels._key_range(group_max))
+    floor, reaching = topk_kernels._row_floor(
+        group_max, k, *topk_kernels._key_range(group_max), 0, 0
+    )
     tl.store(out_ptr, floor.to(tl.int32, bitcast=True))
     tl.store(out_ptr + 1, reaching)
 
@@ -440,11 +442,14 @@ def test_floor_on_normal_maxima_is_mostly_within_the_slack(gen: torch.Generator)
 
 
 @triton.jit
-def _kth_kernel(keys_ptr, out_ptr, k, N: tl.constexpr):
-    """The library's exact search over N keys (uint32 stored as int32): (t, count)."""
+def _kth_kernel(keys_ptr, out_ptr, k, seed_lo, seed_hi, N: tl.constexpr):
+    """The library's exact search over N keys (uint32 stored as int32), from the seeds
+    (`_kth_largest_key`; 0, 0: none): (t, count)."""
     keys = tl.load(keys_ptr + tl.arange(0, N)).to(tl.uint32, bitcast=True)
     largest, smallest, live = topk_kernels._key_range(keys)
-    threshold, reaching = topk_kernels._kth_largest_key(keys, k, k, k, largest, smallest, live, 32)
+    threshold, reaching = topk_kernels._kth_largest_key(
+        keys, k, k, k, largest, smallest, live, seed_lo.to(tl.uint32), seed_hi.to(tl.uint32), 32
+    )
     tl.store(out_ptr, threshold.to(tl.int32, bitcast=True))
     tl.store(out_ptr + 1, reaching)
 
@@ -462,11 +467,14 @@ def _kth_kernel(keys_ptr, out_ptr, k, N: tl.constexpr):
         "normals",
     ],
 )
-def test_exact_search_threshold_and_count(gen: torch.Generator, case: str) -> None:
+@pytest.mark.parametrize("seeds", ["none", "around t*", "above t*", "below t*", "extremes"])
+def test_exact_search_threshold_and_count(gen: torch.Generator, case: str, seeds: str) -> None:
     """t is the k-th largest nonzero key (or a t with exactly k keys >= it), t > 0, and the
     returned count is count(keys >= t); zero keys (never picked) are not counted. The cases
     lead the bracket search's interpolation astray (clusters, ties, the ends of the key
-    range) as well as where it works (normals)."""
+    range) as well as where it works (normals). First-round seeds only move its trials:
+    good ones, ones on one side of t*, and the ends of the key range give the same
+    guarantees."""
     n, k = 256, 37
     keys = torch.randint(1, 1 << 32, (n,), generator=gen, dtype=torch.int64)
     keys[::9] = 0
@@ -488,11 +496,65 @@ def test_exact_search_threshold_and_count(gen: torch.Generator, case: str) -> No
         keys = order_keys(torch.randn(n, generator=gen))
     live = keys[keys > 0]
     assert live.numel() >= k
+    ranked = torch.sort(live, descending=True).values
+    seed_lo, seed_hi = {
+        "none": (0, 0),
+        "around t*": (int(ranked[min(k + 5, live.numel() - 1)]), int(ranked[max(k - 6, 0)])),
+        "above t*": (int(ranked[0]), int(ranked[0])),
+        "below t*": (int(ranked[-1]), int(ranked[-1])),
+        "extremes": (1, 0xFFFFFFFF),
+    }[seeds]
     out = torch.zeros(2, dtype=torch.int32)
-    _kth_kernel[(1,)]((keys - (1 << 32) * (keys >= 1 << 31)).to(torch.int32), out, k, N=n)
+    signed = (keys - (1 << 32) * (keys >= 1 << 31)).to(torch.int32)
+    _kth_kernel[(1,)](signed, out, k, seed_lo, seed_hi, N=n)
     threshold = int(out[0]) & 0xFFFFFFFF
     assert threshold > 0
     assert int(out[1]) == int((live >= threshold).sum())
     assert int((live >= threshold).sum()) >= k
     assert int((live > threshold).sum()) <= k - 1 or int((live >= threshold).sum()) == k
     assert threshold <= int(torch.sort(live, descending=True).values[k - 1])
+
+
+@triton.jit
+def _seeds_kernel(src_ptr, maxima_ptr, out_ptr, n, k, G: tl.constexpr, SG: tl.constexpr,
+                  RANKS: tl.constexpr):  # fmt: skip
+    """The stream's group maxima and the floor search's seeds from its lanes (row of n)."""
+    seen = topk_kernels._store_group_maxima(src_ptr, n, maxima_ptr, G, SG, RANKS, False)
+    _, _, live, seed_lo, seed_hi = topk_kernels._maxima_range(seen, k, RANKS)
+    tl.store(out_ptr, seed_lo.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + 1, seed_hi.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + 2, live)
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "group", "step_groups"),
+    [
+        (4096, 64, 4, 64),
+        (4096, 200, 4, 64),
+        (4096, 256, 8, 128),
+        (1000, 100, 4, 32),
+        (600, 130, 4, 64),
+    ],
+)
+def test_floor_seeds_bracket_the_kth_largest_maximum(
+    gen: torch.Generator, n: int, k: int, group: int, step_groups: int
+) -> None:
+    # With j = cdiv(k, lanes) <= 4: at least k maxima are >= the low seed, fewer than k
+    # exceed the high one (`_maxima_range`); short rows leave lanes with fewer than j groups,
+    # whose missing ranks count as 0 (a low seed of 0 is no trial at all, still a bound).
+    values = torch.randn(n, generator=gen)
+    values[::13] = float("-inf")
+    ranks = -(-k // step_groups)
+    assert ranks <= 4
+    maxima = torch.zeros(-(-n // group) + 2 * step_groups, dtype=torch.int32)
+    out = torch.zeros(3, dtype=torch.int32)
+    _seeds_kernel[(1,)](values, maxima, out, n, k, G=group, SG=step_groups, RANKS=ranks)
+    padded = torch.full((-(-n // group) * group,), float("-inf"))
+    padded[:n] = values
+    keys = order_keys(padded).reshape(-1, group).amax(dim=1)
+    keys = torch.where(keys > topk_kernels.KEY_NEG_INF.value, keys, 0)
+    seed_lo, seed_hi = (int(v) & 0xFFFFFFFF for v in out[:2])
+    assert int(out[2]) == int((keys > 0).sum())
+    assert seed_lo <= seed_hi
+    assert int((keys >= seed_lo).sum()) >= k
+    assert int((keys > seed_hi).sum()) < k

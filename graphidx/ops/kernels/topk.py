@@ -295,7 +295,8 @@ def _key_range(keys):
 
 
 @triton.jit
-def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, LOOSE_BITS: tl.constexpr):
+def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, seed_lo, seed_hi,
+                     LOOSE_BITS: tl.constexpr):  # fmt: skip
     """(t, count(keys >= t)): a threshold t > 0 with count(keys >= t) >= k, keys uint32 (0 =
     never picked) bracketed by (largest, smallest, live): no key above largest, live =
     count(keys >= smallest) >= k, smallest >= 1 (their `_key_range`, or any such bracket).
@@ -308,10 +309,15 @@ def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, LOOSE_BITS:
     count(keys >= lo) <= tight, or <= loose with the bracket cut to 2**-LOOSE_BITS of the
     keys' range, or at lo = hi (lo = t*), and returns lo.
     With tight = loose = k and LOOSE_BITS = 32 the result is exact: t = t*, or a t with
-    exactly k keys >= t, so count(keys > t) <= k. On rows of normals this takes ~4 rounds
-    where a 2-bit radix search took 6-6.4 (k 512) and 10.7 (the select at k 2048); on
-    clustered or tie-heavy keys up to ~18, where the radix search took at most 16
-    (BENCHMARKS.md session 8).
+    exactly k keys >= t, so count(keys > t) <= k.
+    On rows of normals this takes ~4 rounds where a 2-bit radix search took 6-6.4 (k 512)
+    and 10.7 (the select at k 2048); on clustered or tie-heavy keys up to ~18, where the
+    radix search took at most 16 (BENCHMARKS.md session 8).
+    Seeds (seed_hi > 0): the first round's trials are seed_lo, seed_hi + 1 and their middle
+    (cut into the bracket) instead of interpolated ones. Keys near t* on both sides (the
+    floor's, from `_maxima_range`) save the rounds the interpolation spends narrowing a wide
+    first bracket (rows of normals at k 2048: the floor search in ~1.8 rounds instead of 4,
+    counted in a model of this search). Seeds are only trials: any give a valid result.
     """
     lo = smallest
     hi = largest
@@ -322,6 +328,7 @@ def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, LOOSE_BITS:
     else:
         loose_width = tl.zeros([], tl.uint32)
     quarters = live < 0  # false
+    seeded = (live >= 0) & (seed_hi > 0)  # a tensor even for constant seeds
     while (lo < hi) & (count_lo > tight) & ((count_lo > loose) | (hi - lo > loose_width)):
         # Trials in (lo, hi]: the middle one from scalar float math (inexact is fine, any
         # trial inside the bracket is a valid one), the others a step to either side, cut
@@ -334,13 +341,19 @@ def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, LOOSE_BITS:
         step = tl.where(quarters, width // 4, width // BRACKET_SPREAD)
         t1 = t2 - tl.minimum(step, t2 - lo - 1)
         t3 = t2 + tl.minimum(step, hi - t2)
+        if seeded:  # the first round only
+            t1 = tl.minimum(tl.maximum(seed_lo, lo + 1), hi)
+            t3 = tl.minimum(tl.maximum(seed_hi, lo), hi - 1) + 1
+            t2 = t1 + (t3 - t1) // 2
         c1, c2, c3 = _count_at_least3(keys, t1, t2, t3)
         # The highest trial still reaching k becomes lo, the next one up bounds hi.
         hi = tl.where(c3 >= k, hi, tl.where(c2 >= k, t3, tl.where(c1 >= k, t2, t1)) - 1)
         count_hi = tl.where(c3 >= k, count_hi, tl.where(c2 >= k, c3, tl.where(c1 >= k, c2, c1)))
         lo = tl.where(c3 >= k, t3, tl.where(c2 >= k, t2, tl.where(c1 >= k, t1, lo)))
         count_lo = tl.where(c3 >= k, c3, tl.where(c2 >= k, c2, tl.where(c1 >= k, c1, count_lo)))
-        quarters = quarters | (hi - lo > width // 4)
+        # (The seeded round's trials need not cut the bracket 4x to be good ones.)
+        quarters = quarters | ((hi - lo > width // 4) & ~seeded)
+        seeded = live < 0  # false
     return lo, count_lo
 
 
@@ -352,18 +365,18 @@ def _offset_in(offset, width):
 
 
 @triton.jit
-def _row_floor(group_max, k, largest, smallest, live):
+def _row_floor(group_max, k, largest, smallest, live, seed_lo, seed_hi):
     """(floor, count(group_max >= floor)): a lower bound of the row's k-th largest key from
     its group maxima, whose `_key_range` is (largest, smallest, live) (KEY_NEG_INF when fewer
     than k groups hold a finite value: then every finite column is a candidate): the search
     stops once at most k + k / FLOOR_SLACK maxima reach it, or FLOOR_LIMIT * k with
-    FLOOR_BITS bits of their range resolved."""
+    FLOOR_BITS bits of their range resolved. Seeds as in `_kth_largest_key` (0, 0: none)."""
     floor = KEY_NEG_INF + tl.zeros([], tl.uint32)
     reaching = live
     if live >= k:
         floor, reaching = _kth_largest_key(
             group_max, k, k + k // FLOOR_SLACK, FLOOR_LIMIT * k, largest, smallest, live,
-            FLOOR_BITS,
+            seed_lo, seed_hi, FLOOR_BITS,
         )  # fmt: skip
         # Finite keys are above KEY_NEG_INF, so raising the floor to it drops no live key.
         floor = tl.maximum(floor, KEY_NEG_INF)
@@ -621,7 +634,7 @@ def _select(
                 largest, smallest, live = _key_range(key)
         else:
             largest, smallest, live = _key_range(key)
-        threshold, reaching = _kth_largest_key(key, k, k, k, largest, smallest, live, 32)
+        threshold, reaching = _kth_largest_key(key, k, k, k, largest, smallest, live, 0, 0, 32)
         if (reaching > k) & (ORDERED == 0):
             _select_from_row(src, n, k, dst, FALLBACK_STEP)
         else:
@@ -631,21 +644,21 @@ def _select(
 
 
 @triton.jit
-def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, PTX: tl.constexpr):
+def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, RANKS: tl.constexpr,
+                        PTX: tl.constexpr):  # fmt: skip
     """maxima[g] = the max key of columns [g * G, (g + 1) * G) of a row of length n (0 when
     none is finite), for every g < cdiv(n, G): SG groups per step, the loop's loads
     unmasked (only the first two and the partial last step are masked), each step's maxima
     stored from where the reduction left them (no barrier in the loop).
 
-    Returns the running (max, smallest nonzero, nonzero count) of the maxima each of SG
-    lanes stored ([SG] each; `_maxima_range` reduces them to the maxima's `_key_range`), so
-    the floor search needs no pass over the maxima for their range."""
+    Returns the running (max, smallest nonzero, nonzero count, and the RANKS <= 4 largest in
+    descending order) of the maxima each of SG lanes stored ([SG] each; lane l holds groups
+    l, l + SG, ...): `_maxima_range` reduces them to the maxima's `_key_range` and the floor
+    search's seeds, so it needs no pass over the maxima for them."""
     group = tl.arange(0, SG)
-    seen = (
-        tl.zeros([SG], tl.uint32),
-        tl.full([SG], 0xFFFFFFFF, tl.uint32),
-        tl.zeros([SG], tl.int32),
-    )
+    none = tl.zeros([SG], tl.uint32)
+    seen = (none, tl.full([SG], 0xFFFFFFFF, tl.uint32), tl.zeros([SG], tl.int32),
+            none, none, none, none)  # fmt: skip
     col = group[:, None] * G + tl.arange(0, G)[None, :]
     STEP: tl.constexpr = SG * G
     main_stop = n // STEP * STEP
@@ -660,40 +673,70 @@ def _store_group_maxima(src, n, maxima, G: tl.constexpr, SG: tl.constexpr, PTX: 
     for first in range(0, pair_stop, 2 * STEP):
         here = _order_key(value_a)
         value_a = tl.load(src + tl.minimum(first + 2 * STEP, last) + col)
-        seen = _seen(seen, _store_step_maxima(here, maxima + first // G, group, PTX))
+        seen = _seen(seen, _store_step_maxima(here, maxima + first // G, group, PTX), RANKS)
         here = _order_key(value_b)
         value_b = tl.load(src + tl.minimum(first + 3 * STEP, last) + col)
-        seen = _seen(seen, _store_step_maxima(here, maxima + first // G + SG, group, PTX))
+        seen = _seen(seen, _store_step_maxima(here, maxima + first // G + SG, group, PTX), RANKS)
     if pair_stop < main_stop:  # one full step left, loaded into value_a
         step_max = _store_step_maxima(_order_key(value_a), maxima + pair_stop // G, group, PTX)
-        seen = _seen(seen, step_max)
+        seen = _seen(seen, step_max, RANKS)
     if main_stop < n:
         key = _load_order_keys(src, main_stop + col, main_stop + col < n, True)
         group_max = _never_picked_zero(tl.max(key, axis=1))  # 0 for the groups past n
         store_b32(maxima + main_stop // G + group, group_max,
                   main_stop + group * G < n, PTX)  # fmt: skip
-        seen = _seen(seen, group_max)
+        seen = _seen(seen, group_max, RANKS)
     return seen
 
 
 @triton.jit
-def _seen(seen, group_max):
-    """The running (max, smallest nonzero, nonzero count) of `_store_group_maxima` after one
-    more step's maxima (0: never picked)."""
-    largest, smallest, live = seen
+def _seen(seen, group_max, RANKS: tl.constexpr):
+    """`_store_group_maxima`'s running values after one more step's maxima (0: never picked):
+    the range as `_key_range`, and each lane's RANKS largest (an insertion into a sorted
+    list: a max and a min per rank)."""
+    largest, smallest, live, top0, top1, top2, top3 = seen
     nonzero = group_max > 0
+    value = group_max
+    if RANKS >= 1:
+        top0, value = tl.maximum(top0, value), tl.minimum(top0, value)
+    if RANKS >= 2:
+        top1, value = tl.maximum(top1, value), tl.minimum(top1, value)
+    if RANKS >= 3:
+        top2, value = tl.maximum(top2, value), tl.minimum(top2, value)
+    if RANKS >= 4:
+        top3 = tl.maximum(top3, value)
     return (
         tl.maximum(largest, group_max),
         tl.minimum(smallest, tl.where(nonzero, group_max, 0xFFFFFFFF)),
         live + nonzero.to(tl.int32),
+        top0,
+        top1,
+        top2,
+        top3,
     )
 
 
 @triton.jit
-def _maxima_range(seen):
-    """`_key_range` of the maxima `_store_group_maxima` stored, from what it returned."""
-    largest, smallest, live = seen
-    return tl.reduce((largest, smallest, live), 0, _max_min_count)
+def _range_and_seeds(a_max, a_min, a_count, a_lo, a_hi, b_max, b_min, b_count, b_lo, b_hi):
+    return (tl.maximum(a_max, b_max), tl.minimum(a_min, b_min), a_count + b_count,
+            tl.minimum(a_lo, b_lo), tl.maximum(a_hi, b_hi))  # fmt: skip
+
+
+@triton.jit
+def _maxima_range(seen, k, RANKS: tl.constexpr):
+    """(`_key_range` of the maxima `_store_group_maxima` stored, and seeds for the floor
+    search), from what it returned. With j = cdiv(k, SG) <= RANKS, the seeds are the least
+    and the greatest of the lanes' j-th largest maxima: j maxima of every lane are >= the
+    first, so at least j * SG >= k of all are; fewer than j of every lane exceed the second,
+    so fewer than (j - 1) * SG + 1 <= k do. They bracket the k-th largest maximum, usually
+    far tighter than the range (no seeds, (0, 0), when RANKS is 0)."""
+    largest, smallest, live, top0, top1, top2, top3 = seen
+    SG: tl.constexpr = largest.shape[0]
+    rank = (k + SG - 1) // SG
+    jth = tl.where(rank <= 1, top0, tl.where(rank == 2, top1, tl.where(rank == 3, top2, top3)))
+    if RANKS == 0:
+        jth = tl.zeros_like(jth)
+    return tl.reduce((largest, smallest, live, jth, jth), 0, _range_and_seeds)
 
 
 @triton.jit
@@ -706,7 +749,8 @@ def _store_step_maxima(key, dst, group, PTX: tl.constexpr):
 
 
 @triton.jit
-def _list_groups(maxima, seen, n, k, group_list, G: tl.constexpr, NG_PAD: tl.constexpr):
+def _list_groups(maxima, seen, n, k, group_list, G: tl.constexpr, NG_PAD: tl.constexpr,
+                 RANKS: tl.constexpr):  # fmt: skip
     """(floor, count, row max): the row's floor from its group maxima (`seen`: what
     `_store_group_maxima` returned), and the groups whose max is at or above it (every
     column > floor or == floor lies in one), listed in ascending order; the row max is its
@@ -717,8 +761,8 @@ def _list_groups(maxima, seen, n, k, group_list, G: tl.constexpr, NG_PAD: tl.con
     group_max = group_max.to(tl.uint32, bitcast=True)
     # The range comes from registers: its CTA-wide reduction runs while the load above is
     # in flight.
-    row_max, smallest, finite = _maxima_range(seen)
-    floor, listed_count = _row_floor(group_max, k, row_max, smallest, finite)
+    row_max, smallest, finite, seed_lo, seed_hi = _maxima_range(seen, k, RANKS)
+    floor, listed_count = _row_floor(group_max, k, row_max, smallest, finite, seed_lo, seed_hi)
     # Numbered in runs of RUN adjacent groups (`_run_prefix`): 1329 -> 546 sm_90 SASS
     # instructions from the floor search to the collect loop at k 2048, 721 -> 302 at k 512.
     RUN: tl.constexpr = 1 + 3 * (NG_PAD >= 4)
@@ -859,10 +903,14 @@ def _topk_row_kernel(
     ties = candidates + CAP
     maxima = ties + K_PAD
     group_list = maxima + NG_PAD
-    seen = _store_group_maxima(src, n, maxima, G, SG, PTX)
+    # Lanes keep their SEED_RANKS largest maxima for the floor search's seeds when k needs
+    # at most 4 of each (`_maxima_range`).
+    RANK: tl.constexpr = (K_PAD + SG - 1) // SG
+    SEED_RANKS: tl.constexpr = RANK if RANK <= 4 else 0
+    seen = _store_group_maxima(src, n, maxima, G, SG, SEED_RANKS, PTX)
     # Each phase reads what other threads of this program wrote (through L2) in the last.
     tl.debug_barrier()
-    floor, listed, row_max = _list_groups(maxima, seen, n, k, group_list, G, NG_PAD)
+    floor, listed, row_max = _list_groups(maxima, seen, n, k, group_list, G, NG_PAD, SEED_RANKS)
     tl.debug_barrier()
     above, tied = _collect_groups(src, n, floor, group_list, listed, candidates, ties,
                                   K_PAD, CAP, G, SG, PARTS, PTX, QUADS)  # fmt: skip
@@ -902,7 +950,7 @@ def _split_floor_kernel(
         every = tl.load(maxima + tl.arange(0, GROUPS), cache_modifier=".cg")
         every = every.to(tl.uint32, bitcast=True)
         largest, smallest, live = _key_range(every)
-        floor, _ = _row_floor(every, k, largest, smallest, live)
+        floor, _ = _row_floor(every, k, largest, smallest, live, 0, 0)
         tl.store(counters + FLOOR_KEY, floor.to(tl.int32, bitcast=True))
 
 
