@@ -14,7 +14,8 @@ FLOOR_BITS bits of their range resolved).
 One program per row (P = 1, `_topk_row_kernel`, one launch), rows cut into G-column
 *contiguous* groups (G = `group_columns(width, groups)`):
 1. *Maxima.* One streaming pass writes each group's max key to scratch (two steps' loads in
-   flight while a step is reduced; stores made from the reduction's layout).
+   flight while a step is reduced; stores made from the reduction's layout). Each lane also
+   keeps its few largest maxima, which seed the floor search's first round (`_maxima_range`).
 2. *List.* The floor from the maxima, then the groups whose max is >= floor listed in
    ascending order: they hold every column >= floor (~k groups: 13% of a 65536-column row of
    normals at k 512, 27% at 2048).
