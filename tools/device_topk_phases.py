@@ -31,19 +31,11 @@ from graphidx.ops.kernels import next_power_of_2
 from graphidx.ops.kernels import topk as tk
 
 ROWS, WIDTH = 128, 65536
-# The cut kernel follows the library of whichever tree is imported (A/B of old and new trees):
-TIGHT_ARG = len(inspect.signature(tk._kth_largest_key.fn).parameters) == 8
-"""`_kth_largest_key` takes tight and loose (session 8 on)."""
-ROW_MAX = "row_max" in inspect.signature(tk._select.fn).parameters
-"""`_list_groups` returns the row max and the select searches from [floor + 1, row max]."""
-SEEN = hasattr(tk, "_maxima_range")
-"""`_store_group_maxima` returns its maxima's running range, `_list_groups` takes it."""
-KTH_ABOVE = "above_count" in inspect.signature(tk._emit_selection.fn).parameters
-"""`_kth_largest_key` also returns count(keys > t)."""
-PARTS_ARG = "PARTS" in inspect.signature(tk._collect_groups.fn).parameters
-"""`_collect_groups` cuts groups into PARTS pieces per thread (session 15 on)."""
-SEEDS = "RANKS" in inspect.signature(tk._store_group_maxima.fn).parameters
-"""Stream lanes keep their largest maxima to seed the floor search (session 16 on)."""
+# The cut kernel follows the library of whichever tree is imported (an A/B of this tree and
+# the one before it):
+RANKED = "BRACKET" in inspect.signature(tk._kth_largest_key.fn).parameters
+"""The select's search stops at a small bracket and `_emit_ranked` ranks it (session 17 on;
+before it, the session-16 signatures)."""
 ONE_READ_US = ROWS * WIDTH * 4 / 4.3e12 * 1e6
 
 
@@ -64,15 +56,14 @@ def _stream_max_kernel(src_ptr, out_ptr, row_stride, n, CHUNK: tl.constexpr, SPL
 def _cut_kernel(
     logits_ptr, out_ptr, scratch_ptr, row_stride, n, k,
     K_PAD: tl.constexpr, CAP: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
-    NG_PAD: tl.constexpr, ROW_INTS: tl.constexpr, PHASES: tl.constexpr,
-    TIGHT_ARG: tl.constexpr, ROW_MAX: tl.constexpr, SEEN: tl.constexpr,
-    KTH_ABOVE: tl.constexpr, PARTS_ARG: tl.constexpr, PARTS: tl.constexpr,
-    SEEDS: tl.constexpr, PTX: tl.constexpr = True,
+    NG_PAD: tl.constexpr, ROW_INTS: tl.constexpr, PHASES: tl.constexpr, PARTS: tl.constexpr,
+    RANKED: tl.constexpr, BRACKET: tl.constexpr, PTX: tl.constexpr = True,
 ):  # fmt: skip
     """The P = 1 top-k kernel stopped after PHASES phases (1 maxima, 2 floor and group
     list, 3 collect; then the select's steps when the candidates fit CAP: 4 their keys
-    gathered and their search bracket set up as `_select` does, 5 the exact search for the
-    k-th largest)."""
+    gathered and their search bracket set up as `_select` does, 5 its search (RANKED: down
+    to a bracket of at most BRACKET keys, which `_emit_ranked` takes, else to the k-th
+    largest))."""
     row = tl.program_id(0).to(tl.int64)
     src = logits_ptr + row * row_stride
     candidates = scratch_ptr + row * ROW_INTS
@@ -80,36 +71,18 @@ def _cut_kernel(
     group_list = maxima + NG_PAD
     RANK: tl.constexpr = (K_PAD + SG - 1) // SG
     RANKS: tl.constexpr = RANK if RANK <= 4 else 0  # as `_topk_row_kernel` picks them
-    if SEEDS:
-        seen = tk._store_group_maxima(src, n, maxima, G, SG, RANKS, PTX)
-    elif SEEN:
-        seen = tk._store_group_maxima(src, n, maxima, G, SG, PTX)
-    else:
-        tk._store_group_maxima(src, n, maxima, G, SG, PTX)
+    seen = tk._store_group_maxima(src, n, maxima, G, SG, RANKS, PTX)
     result = tl.zeros([], tl.int32)
     if PHASES >= 2:
         tl.debug_barrier()
-        if SEEDS:
-            floor, listed, row_max = tk._list_groups(maxima, seen, n, k, group_list, G, NG_PAD,
-                                                     RANKS)  # fmt: skip
-        elif SEEN:
-            floor, listed, row_max = tk._list_groups(maxima, seen, n, k, group_list, G, NG_PAD)
-        elif ROW_MAX:
-            floor, listed, row_max = tk._list_groups(maxima, n, k, group_list, G, NG_PAD)
-        else:
-            floor, listed = tk._list_groups(maxima, n, k, group_list, G, NG_PAD)
-            row_max = floor
+        floor, listed, row_max = tk._list_groups(maxima, seen, n, k, group_list, G, NG_PAD,
+                                                 RANKS)  # fmt: skip
         result = listed
         if PHASES >= 3:
             tl.debug_barrier()
-            if PARTS_ARG:
-                above, tied = tk._collect_groups(src, n, floor, group_list, listed, candidates,
-                                                 candidates + CAP, K_PAD, CAP, G, SG, PARTS,
-                                                 PTX, True)  # fmt: skip
-            else:
-                above, tied = tk._collect_groups(src, n, floor, group_list, listed, candidates,
-                                                 candidates + CAP, K_PAD, CAP, G, SG, PTX,
-                                                 True)  # fmt: skip
+            above, tied = tk._collect_groups(src, n, floor, group_list, listed, candidates,
+                                             candidates + CAP, K_PAD, CAP, G, SG, PARTS,
+                                             PTX, True)  # fmt: skip
             result = above + tied
             if PHASES >= 4:
                 tl.debug_barrier()
@@ -118,34 +91,29 @@ def _cut_kernel(
                 col = tl.load(candidates + slot, mask=inside, other=0, cache_modifier=".cg")
                 key = tl.load(src + col, mask=inside, other=0.0)
                 key = tl.where(inside, tk._order_key(key), 0)
-                if ROW_MAX:  # the bracket `_select` starts from when it is ORDERED
-                    largest, smallest, live = row_max, floor + 1, above
-                    if floor == tk.KEY_NEG_INF:
-                        largest, smallest, live = tk._key_range(key)
-                else:
+                largest, smallest, live = row_max, floor + 1, above
+                if floor == tk.KEY_NEG_INF:
                     largest, smallest, live = tk._key_range(key)
                 result = live
                 if PHASES >= 5:
-                    if SEEDS:
+                    if RANKED:
+                        _, reaching, _, _ = tk._kth_largest_key(
+                            key, k, k, k, largest, smallest, live, 0, 0, 32, BRACKET
+                        )
+                    else:
                         _, reaching = tk._kth_largest_key(key, k, k, k, largest, smallest,
                                                           live, 0, 0, 32)  # fmt: skip
-                    elif KTH_ABOVE:
-                        _, reaching, _ = tk._kth_largest_key(key, k, k, k, largest, smallest,
-                                                             live, 32)  # fmt: skip
-                    elif TIGHT_ARG:  # the search's arguments since session 8
-                        _, reaching = tk._kth_largest_key(key, k, k, k, largest, smallest,
-                                                          live, 32)  # fmt: skip
-                    else:  # older trees (an A/B against a base before it)
-                        _, reaching = tk._kth_largest_key(key, k, k, largest, smallest, live,
-                                                          32)  # fmt: skip
                     result = reaching
     tl.store(out_ptr + row, result)
 
 
+def bracket_of(k_pad: int) -> int:
+    """The select's largest rank-step bracket at this K_PAD (as `_select` takes it)."""
+    return min(tk.RANK_KEYS.value, k_pad // 2) if RANKED else 0
+
+
 def parts_of(group: int, cfg: tk.TopkConfig) -> int:
-    """The library's PARTS for this config (1 before it had them)."""
-    if not PARTS_ARG:
-        return 1
+    """The library's PARTS for this config."""
     return tk.collect_parts(group, max(1, cfg.chunk // group), cfg.num_warps)
 
 
@@ -196,15 +164,19 @@ def main() -> int:
         groups_pad = next_power_of_2(WIDTH // group)
         row_ints = cfg.capacity + k_pad + 2 * groups_pad
         scratch = torch.empty((ROWS, row_ints), dtype=torch.int32, device=device)
-        cuts = ((1, "maxima"), (2, "+ floor, list"), (3, "+ collect"),
-                (4, "+ select: gather, range"), (5, "+ select: search"))  # fmt: skip
+        cuts = (
+            (1, "maxima"),
+            (2, "+ floor, list"),
+            (3, "+ collect"),
+            (4, "+ select: gather, range"),
+            (5, "+ select: search" + (" to the rank bracket" if RANKED else "")),
+        )
         for phases, label in cuts:
             add(f"k {k} cut {label}", lambda p=phases, cfg=cfg, k=k, k_pad=k_pad, g=group,
                 gp=groups_pad, r=row_ints, s=scratch: _cut_kernel[(ROWS,)](
                     logits, out_cut, s, WIDTH, WIDTH, k, K_PAD=k_pad, CAP=cfg.capacity, G=g,
                     SG=cfg.chunk // g, NG_PAD=gp, ROW_INTS=r, PHASES=p,
-                    TIGHT_ARG=TIGHT_ARG, ROW_MAX=ROW_MAX, SEEN=SEEN, KTH_ABOVE=KTH_ABOVE,
-                    PARTS_ARG=PARTS_ARG, PARTS=parts_of(g, cfg), SEEDS=SEEDS,
+                    PARTS=parts_of(g, cfg), RANKED=RANKED, BRACKET=bracket_of(k_pad),
                     num_warps=cfg.num_warps))  # fmt: skip
             if phases in (2, 3):
                 stats.append(

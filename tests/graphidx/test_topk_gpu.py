@@ -26,7 +26,9 @@ def order_keys(values: torch.Tensor) -> torch.Tensor:
 
 def check_exact(logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
     """Per row: the first min(k, #pickable) entries are distinct columns inside the length
-    whose keys are the largest keys as a multiset, then -1 (vectorized, on the device)."""
+    whose keys are the largest keys as a multiset, then -1; of the columns tied at the
+    smallest picked key, the picked ones are those of smallest index (vectorized, on the
+    device)."""
     width = logits.shape[1]
     inside = torch.arange(width, device=logits.device)[None, :] < lengths.clamp(0, width)[:, None]
     keys = torch.where(inside, order_keys(logits), -1)
@@ -42,6 +44,13 @@ def check_exact(logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.
     chosen = torch.where(valid, keys.gather(1, picks.clamp(min=0)), -1)
     best = torch.where(valid, torch.topk(keys, k, dim=1).values, -1)
     assert torch.equal(chosen.sort(dim=1, descending=True).values, best)
+    # Ties at the k-th key: exactly the first (in column order) that fit are picked.
+    kth = best.gather(1, (expect - 1).clamp(min=0)[:, None])
+    tied = (keys == kth) & (expect > 0)[:, None]
+    fit = expect[:, None] - (keys > kth).sum(dim=1, keepdim=True)
+    want = tied & (tied.cumsum(dim=1) <= fit)
+    got = torch.zeros_like(keys).scatter_add_(1, picks.clamp(min=0), valid.long()) > 0
+    assert torch.equal(got & tied, want), "tied columns not picked in column order"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
@@ -62,6 +71,11 @@ def test_every_program_count_at_full_size(k: int) -> None:
     groups = default_config(k, rows, width).groups
     crowded = torch.arange(width, device="cuda") % groups < groups // 8
     logits[5, crowded] += 50.0
+    # 60 more columns tied at the k-th value, 20 of them picked: few enough that the
+    # select's rank step orders them (`_emit_ranked`), not the tie buffer.
+    kth = logits[6].sort(descending=True).values[k - 20]
+    below = (logits[6] < kth).nonzero().flatten()
+    logits[6, below[torch.randperm(below.numel(), device="cuda", generator=gen)[:60]]] = kth
     lengths = torch.randint(0, width + 1, (rows,), device="cuda", generator=gen)
     lengths[:8] = width
     lengths[8] = 0

@@ -310,10 +310,12 @@ def test_ties_at_the_threshold_picked_in_column_order(gen: torch.Generator, spli
     """When only some of the columns tied at the k-th value can be picked, the picks are the
     tied columns of smallest index (not the buffers' arrival order): equal inputs always give
     equal picks, which a replayed graph relies on. Both select paths: the threshold at the
-    floor (ties in the tie buffer) and above it (ties among the candidates)."""
+    floor (ties in the tie buffer) and above it (ties among the candidates), the latter
+    with more ties than the select's rank step takes (40) and with fewer (15: ranked by key,
+    then column, `_emit_ranked`)."""
     width, k = 700, 20
-    rows = torch.full((2, width), -5.0)
-    rows -= torch.rand(2, width, generator=gen)  # distinct negatives, never reached
+    rows = torch.full((3, width), -5.0)
+    rows -= torch.rand(3, width, generator=gen)  # distinct negatives, never reached
     # Row 0: 6 large values, then 0.0 in 300 scattered columns (the threshold is 0.0).
     big = torch.randperm(width, generator=gen)[:306]
     rows[0, big[:6]] = torch.arange(6, dtype=torch.float32) + 10.0
@@ -321,12 +323,15 @@ def test_ties_at_the_threshold_picked_in_column_order(gen: torch.Generator, spli
     # Row 1: 8 large values and 1.0 in 40 columns: more candidates than k, tied at 1.0.
     rows[1, big[:8]] = torch.arange(8, dtype=torch.float32) + 10.0
     rows[1, big[8:48]] = 1.0
-    lengths = torch.full((2,), width, dtype=torch.int32)
+    # Row 2: 8 large values and 2.0 in 15 columns.
+    rows[2, big[:8]] = torch.arange(8, dtype=torch.float32) + 10.0
+    rows[2, big[8:23]] = 2.0
+    lengths = torch.full((3,), width, dtype=torch.int32)
     for config in (small_config(k, split, groups=64, capacity=64), None):
-        out = torch.full((2, k), SENTINEL, dtype=torch.int32)
+        out = torch.full((3, k), SENTINEL, dtype=torch.int32)
         topk_per_row(rows, lengths, k, out, config=config)
         check_rows(rows, lengths, k, out)
-        for r, (large, tie_value) in enumerate(((6, 0.0), (8, 1.0))):
+        for r, (large, tie_value) in enumerate(((6, 0.0), (8, 1.0), (8, 2.0))):
             tied = (rows[r] == tie_value).nonzero().flatten().tolist()
             want = set(big[:large].tolist()) | set(tied[: k - large])
             assert set(out[r].tolist()) == want, (r, split)
@@ -447,8 +452,9 @@ def _kth_kernel(keys_ptr, out_ptr, k, seed_lo, seed_hi, N: tl.constexpr):
     (`_kth_largest_key`; 0, 0: none): (t, count)."""
     keys = tl.load(keys_ptr + tl.arange(0, N)).to(tl.uint32, bitcast=True)
     largest, smallest, live = topk_kernels._key_range(keys)
-    threshold, reaching = topk_kernels._kth_largest_key(
-        keys, k, k, k, largest, smallest, live, seed_lo.to(tl.uint32), seed_hi.to(tl.uint32), 32
+    threshold, reaching, _, _ = topk_kernels._kth_largest_key(
+        keys, k, k, k, largest, smallest, live, seed_lo.to(tl.uint32), seed_hi.to(tl.uint32), 32,
+        0,
     )
     tl.store(out_ptr, threshold.to(tl.int32, bitcast=True))
     tl.store(out_ptr + 1, reaching)

@@ -26,10 +26,12 @@ One program per row (P = 1, `_topk_row_kernel`, one launch), rows cut into G-col
    needs no layout conversion (`_tile_prefix`).
 4. *Select* (`_select`): at most k candidates: the floor *is* the k-th largest key when the
    row has k finite values; write every candidate, then the first tied columns up to k, then
-   -1. Up to CAP: find the exact k-th largest key among them (searching from [floor + 1,
-   the row's largest key], both known from step 2) and write the keys above it plus the
-   first equal ones. More than CAP (adversarial rows, e.g. the top keys crowded into
-   few groups): the same search over the whole row, 16 counting passes. Slow, never wrong.
+   -1. Up to CAP: search them (from [floor + 1, the row's largest key], both known from
+   step 2) until the k-th largest key is found or at most RANK_KEYS keys are left in the
+   bracket around it; write the keys above the bracket, then the bracket's best by key and
+   column, ranked in one step (`_emit_ranked`), or the keys above the k-th largest plus the
+   first equal ones. More than CAP (adversarial rows, e.g. the top keys crowded into few
+   groups): the same search over the whole row, 16 counting passes. Slow, never wrong.
 
 P > 1 programs per row (few, wide rows): the row's columns fall into GROUPS *interleaved*
 groups (column j is in group j % GROUPS) and program s of the row owns groups [s * GS, (s + 1)
@@ -95,6 +97,14 @@ CAP (2k maxima plus their groups' other columns above it)."""
 FLOOR_BITS = tl.constexpr(12)
 """Bits of the maxima's range the bracket must resolve before FLOOR_LIMIT ends the search
 (12 measured 36.0 / 54.5 us with the old radix floor at k 512 / 2048, 16 bits 36.4 / 56.0)."""
+RANK_KEYS = tl.constexpr(128)
+"""Largest bracket (keys left in [lo, hi] around the k-th largest) the select's exact search
+hands to one rank step (`_emit_ranked`) instead of more counting rounds: on rows of normals
+(128 x 65536, a model of the search) 4.5 -> 2.0 rounds at k 2048, 3.9 -> 1.9 at k 512, at
+most 114 keys left. Capped at K_PAD / 2 (the bracket is staged in the tie buffer)."""
+RANK_PARTS = tl.constexpr(4)
+"""Threads per staged key in `_emit_ranked` (RANK_KEYS * RANK_PARTS = 512: one per thread
+at 16 warps)."""
 BRACKET_SPREAD = tl.constexpr(8)
 """Interpolated trials sit at the estimate and +- 1/BRACKET_SPREAD of the bracket from it
 (chosen over 16 and 32 by rounds counted on rows of normals, BENCHMARKS.md session 8)."""
@@ -298,10 +308,11 @@ def _key_range(keys):
 
 @triton.jit
 def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, seed_lo, seed_hi,
-                     LOOSE_BITS: tl.constexpr):  # fmt: skip
-    """(t, count(keys >= t)): a threshold t > 0 with count(keys >= t) >= k, keys uint32 (0 =
-    never picked) bracketed by (largest, smallest, live): no key above largest, live =
-    count(keys >= smallest) >= k, smallest >= 1 (their `_key_range`, or any such bracket).
+                     LOOSE_BITS: tl.constexpr, BRACKET: tl.constexpr):  # fmt: skip
+    """(t, count(keys >= t), hi, count(keys > hi)): a threshold t > 0 with count(keys >= t)
+    >= k, keys uint32 (0 = never picked) bracketed by (largest, smallest, live): no key above
+    largest, live = count(keys >= smallest) >= k, smallest >= 1 (their `_key_range`, or any
+    such bracket); [t, hi] is the search's last bracket (count(keys > hi) < k).
 
     The search keeps a bracket [lo, hi] around the k-th largest key t*: count(keys >= lo) >=
     k > count(keys > hi). Each CTA-wide count tests three trial thresholds inside it: around
@@ -309,9 +320,12 @@ def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, seed_lo, se
     bracket), or at its quarters in every round after one that shrank the bracket less than
     4x (data the interpolation misjudges, e.g. clusters); every round shrinks it. It stops once
     count(keys >= lo) <= tight, or <= loose with the bracket cut to 2**-LOOSE_BITS of the
-    keys' range, or at lo = hi (lo = t*), and returns lo.
-    With tight = loose = k and LOOSE_BITS = 32 the result is exact: t = t*, or a t with
-    exactly k keys >= t, so count(keys > t) <= k.
+    keys' range, or at lo = hi (lo = t*), or (BRACKET > 0) once at most BRACKET keys are
+    left in [lo, hi], and returns lo.
+    With tight = loose = k, LOOSE_BITS = 32 and BRACKET = 0 the result is exact: t = t*, or a
+    t with exactly k keys >= t, so count(keys > t) <= k. With BRACKET > 0 it is exact too
+    unless count(keys >= t) > k and at most BRACKET keys lie in [t, hi]: then t* is among
+    those (`_emit_ranked` ranks them).
     On rows of normals this takes ~4 rounds where a 2-bit radix search took 6-6.4 (k 512)
     and 10.7 (the select at k 2048); on clustered or tie-heavy keys up to ~18, where the
     radix search took at most 16 (BENCHMARKS.md session 8).
@@ -331,7 +345,12 @@ def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, seed_lo, se
         loose_width = tl.zeros([], tl.uint32)
     quarters = live < 0  # false
     seeded = (live >= 0) & (seed_hi > 0)  # a tensor even for constant seeds
-    while (lo < hi) & (count_lo > tight) & ((count_lo > loose) | (hi - lo > loose_width)):
+    while (
+        (lo < hi)
+        & (count_lo > tight)
+        & ((count_lo > loose) | (hi - lo > loose_width))
+        & ((BRACKET == 0) | (count_lo - count_hi > BRACKET))
+    ):
         # Trials in (lo, hi]: the middle one from scalar float math (inexact is fine, any
         # trial inside the bracket is a valid one), the others a step to either side, cut
         # at the bracket's ends. lo >= 1, so width + 1 fits in 32 bits.
@@ -356,7 +375,7 @@ def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, seed_lo, se
         # (The seeded round's trials need not cut the bracket 4x to be good ones.)
         quarters = quarters | ((hi - lo > width // 4) & ~seeded)
         seeded = live < 0  # false
-    return lo, count_lo
+    return lo, count_lo, hi, count_hi
 
 
 @triton.jit
@@ -376,9 +395,9 @@ def _row_floor(group_max, k, largest, smallest, live, seed_lo, seed_hi):
     floor = KEY_NEG_INF + tl.zeros([], tl.uint32)
     reaching = live
     if live >= k:
-        floor, reaching = _kth_largest_key(
+        floor, reaching, _, _ = _kth_largest_key(
             group_max, k, k + k // FLOOR_SLACK, FLOOR_LIMIT * k, largest, smallest, live,
-            seed_lo, seed_hi, FLOOR_BITS,
+            seed_lo, seed_hi, FLOOR_BITS, 0,
         )  # fmt: skip
         # Finite keys are above KEY_NEG_INF, so raising the floor to it drops no live key.
         floor = tl.maximum(floor, KEY_NEG_INF)
@@ -542,6 +561,45 @@ def _emit_selection(key, col, threshold, k, dst):
 
 
 @triton.jit
+def _emit_ranked(key, col, lo, hi, inside, above, k, stage, dst, M: tl.constexpr):
+    """Write the `above` < k columns with key > hi (key and col [runs, RUN] in column order)
+    to dst, then the k - above first of the `inside` <= M keys in [lo, hi] by (key
+    descending, column ascending) after them: the k-th largest key need not be known, and
+    tied keys go in column order whatever order the candidates are in.
+
+    One prefix sum numbers both kinds; the bracket's keys are staged in stage[0 : 2M] (int32,
+    8-byte aligned) as uint64 that order the same way, (key << 32) | ~column, and each
+    key is ranked against all the others by RANK_PARTS threads."""
+    over = (key > hi).to(tl.int32)
+    between = (key >= lo) & (key <= hi)
+    tl.static_assert(M < 256)  # the bracket's numbers fit the low 8 bits
+    rank, _ = _run_prefix(between.to(tl.int32) + (over << 8))
+    tl.store(dst + (rank >> 8), col, mask=over != 0)
+    staged = stage.to(tl.pointer_type(tl.uint64))
+    order = (key.to(tl.uint64) << 32) | (~col).to(tl.uint32, bitcast=True).to(tl.uint64)
+    tl.store(staged + (rank & 0xFF), order, mask=between)
+    tl.debug_barrier()  # other threads of this CTA read the staged keys
+    # Thread (entry, part) compares its entry with every RANK_PARTS-th staged one from `part`
+    # on (a flat tensor, so both loads share one layout); the parts' counts are then summed.
+    slot = tl.arange(0, M * RANK_PARTS)
+    entry = slot // RANK_PARTS
+    mine = tl.load(staged + entry, mask=entry < inside, other=0)
+    ahead = tl.zeros([M * RANK_PARTS], tl.int32)  # staged entries ahead of mine
+    for first in range(0, inside, 8 * RANK_PARTS):
+        for j in tl.static_range(8):
+            other = first + j * RANK_PARTS + slot % RANK_PARTS
+            # 0 past `inside`: below every staged value (keys >= lo >= 1).
+            theirs = tl.load(staged + other, mask=other < inside, other=0)
+            ahead += (theirs > mine).to(tl.int32)
+    # The parts' counts summed, then every part stores the same column (no layout changes; the
+    # mask from the data: a staged value is never 0).
+    place = tl.sum(tl.reshape(ahead, [M, RANK_PARTS]), axis=1)[:, None]
+    place = tl.reshape(tl.broadcast_to(place, [M, RANK_PARTS]), [M * RANK_PARTS])
+    picked = ~mine.to(tl.uint32).to(tl.int32, bitcast=True)
+    tl.store(dst + above + place, picked, mask=(mine != 0) & (place < k - above))
+
+
+@triton.jit
 def _select_from_row(src, n, k, dst, STEP: tl.constexpr):
     """The exact selection by counting passes over the whole row (>= k finite values)."""
     lane = tl.arange(0, STEP)
@@ -608,7 +666,9 @@ def _select(
     The candidates are the keys > floor. ORDERED also passes the row's largest key, so the
     exact search starts from the bracket [floor + 1, row_max] (count above_total, 0) without
     a CTA-wide pass for the candidates' range (unless the floor is -inf's key); otherwise
-    row_max is unused and the range is computed.
+    row_max is unused and the range is computed. The search stops at a bracket of at most
+    RANK_KEYS keys, which `_emit_ranked` orders by key and column (on either path: that
+    order does not depend on the buffers').
     """
     if above_total <= k:
         if (tied_total > k - above_total) & (ORDERED == 0):
@@ -636,8 +696,16 @@ def _select(
                 largest, smallest, live = _key_range(key)
         else:
             largest, smallest, live = _key_range(key)
-        threshold, reaching = _kth_largest_key(key, k, k, k, largest, smallest, live, 0, 0, 32)
-        if (reaching > k) & (ORDERED == 0):
+        # The tie buffer is free here (more than k candidates): it stages the rank step's keys
+        # (none at K_PAD = 1: BRACKET 0 never ranks, M = 1 only keeps the code compilable).
+        BRACKET: tl.constexpr = RANK_KEYS if RANK_KEYS <= K_PAD // 2 else K_PAD // 2
+        threshold, reaching, hi, above_hi = _kth_largest_key(
+            key, k, k, k, largest, smallest, live, 0, 0, 32, BRACKET
+        )
+        if (reaching > k) & (reaching - above_hi <= BRACKET):
+            _emit_ranked(key, col, threshold, hi, reaching - above_hi, above_hi, k, ties, dst,
+                         BRACKET if BRACKET > 0 else 1)  # fmt: skip
+        elif (reaching > k) & (ORDERED == 0):
             _select_from_row(src, n, k, dst, FALLBACK_STEP)
         else:
             _emit_selection(key, col, threshold, k, dst)
