@@ -53,12 +53,12 @@ largest key (`_kth_largest_key`), or 2-bit digits in the whole-row select; each 
 once exactly k keys are at or above the threshold.
 
 Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
-16): P = 1 at 16 warps, kernel alone (the replay's device span) 21.8 us at k 512 and 29.0 at
-k 2048 (bench at 8aa12a7; replays 25.5 / 32.8), 2.32 and 3.09 times a measured read of the
-logits' kernel (9.4 us), 2.8 and 3.7 times the nominal read (7.8 us at 4.3 TB/s). Phases at
-k 2048 (graph replays of the kernel cut after each, clean L2): maxima stream 13.4 us, floor
-and list +6.1, collect +5.9, the select's gather +0.8, its exact search (~4.6 rounds) +4.3,
-writing the picks +1.9.
+17): P = 1 at 16 warps, kernel alone (the replay's device span) 20.8 us at k 512 and 27.8 at
+k 2048 (bench at cd787a2; replays 24.6 / 31.9), 2.19 and 2.93 times a measured read of the
+logits' kernel (9.5 us), 2.7 and 3.6 times the nominal read (7.8 us at 4.3 TB/s). Phases at
+k 2048 (graph replays of the kernel cut after each, clean L2): maxima stream 13.5 us, floor
+and list +6.0, collect +6.2, the select's gather +0.7, its search down to the rank bracket
+(~2 rounds) +2.3, ranking it and writing the picks +2.8.
 
 Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
