@@ -447,41 +447,36 @@ def test_floor_on_normal_maxima_is_mostly_within_the_slack(gen: torch.Generator)
 
 
 @triton.jit
-def _kth_kernel(keys_ptr, out_ptr, k, seed_lo, seed_hi, N: tl.constexpr):
+def _kth_kernel(keys_ptr, out_ptr, k, seed_lo, seed_hi, N: tl.constexpr, BRACKET: tl.constexpr):
     """The library's exact search over N keys (uint32 stored as int32), from the seeds
-    (`_kth_largest_key`; 0, 0: none): (t, count)."""
+    (`_kth_largest_key`; 0, 0: none), stopping at BRACKET keys (0: exact): (t, count, hi,
+    count above hi)."""
     keys = tl.load(keys_ptr + tl.arange(0, N)).to(tl.uint32, bitcast=True)
     largest, smallest, live = topk_kernels._key_range(keys)
-    threshold, reaching, _, _ = topk_kernels._kth_largest_key(
+    threshold, reaching, hi, above_hi = topk_kernels._kth_largest_key(
         keys, k, k, k, largest, smallest, live, seed_lo.to(tl.uint32), seed_hi.to(tl.uint32), 32,
-        0,
-    )
+        BRACKET,
+    )  # fmt: skip
     tl.store(out_ptr, threshold.to(tl.int32, bitcast=True))
     tl.store(out_ptr + 1, reaching)
+    tl.store(out_ptr + 2, hi.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + 3, above_hi)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "random",
-        "few bits",
-        "exactly k live",
-        "one value",
-        "two clusters",
-        "extremes",
-        "extremes only",
-        "normals",
-    ],
-)
-@pytest.mark.parametrize("seeds", ["none", "around t*", "above t*", "below t*", "extremes"])
-def test_exact_search_threshold_and_count(gen: torch.Generator, case: str, seeds: str) -> None:
-    """t is the k-th largest nonzero key (or a t with exactly k keys >= it), t > 0, and the
-    returned count is count(keys >= t); zero keys (never picked) are not counted. The cases
-    lead the bracket search's interpolation astray (clusters, ties, the ends of the key
-    range) as well as where it works (normals). First-round seeds only move its trials:
-    good ones, ones on one side of t*, and the ends of the key range give the same
-    guarantees."""
-    n, k = 256, 37
+SEARCH_CASES = [
+    "random",
+    "few bits",
+    "exactly k live",
+    "one value",
+    "two clusters",
+    "extremes",
+    "extremes only",
+    "normals",
+]
+
+
+def search_keys(gen: torch.Generator, case: str, n: int, k: int) -> torch.Tensor:
+    """n uint32 keys (in int64, 0 = never picked) of one kind, at least k of them live."""
     keys = torch.randint(1, 1 << 32, (n,), generator=gen, dtype=torch.int64)
     keys[::9] = 0
     if case == "few bits":
@@ -500,8 +495,27 @@ def test_exact_search_threshold_and_count(gen: torch.Generator, case: str, seeds
         keys[keys.nonzero()[: k - 3]] = 0xFFFFFFFF
     elif case == "normals":
         keys = order_keys(torch.randn(n, generator=gen))
+    assert int((keys > 0).sum()) >= k
+    return keys
+
+
+def signed_keys(keys: torch.Tensor) -> torch.Tensor:
+    """uint32 keys held in int64, as the int32 bits the kernels load."""
+    return (keys - (1 << 32) * (keys >= 1 << 31)).to(torch.int32)
+
+
+@pytest.mark.parametrize("case", SEARCH_CASES)
+@pytest.mark.parametrize("seeds", ["none", "around t*", "above t*", "below t*", "extremes"])
+def test_exact_search_threshold_and_count(gen: torch.Generator, case: str, seeds: str) -> None:
+    """t is the k-th largest nonzero key (or a t with exactly k keys >= it), t > 0, and the
+    returned count is count(keys >= t); zero keys (never picked) are not counted. The cases
+    lead the bracket search's interpolation astray (clusters, ties, the ends of the key
+    range) as well as where it works (normals). First-round seeds only move its trials:
+    good ones, ones on one side of t*, and the ends of the key range give the same
+    guarantees."""
+    n, k = 256, 37
+    keys = search_keys(gen, case, n, k)
     live = keys[keys > 0]
-    assert live.numel() >= k
     ranked = torch.sort(live, descending=True).values
     seed_lo, seed_hi = {
         "none": (0, 0),
@@ -510,15 +524,36 @@ def test_exact_search_threshold_and_count(gen: torch.Generator, case: str, seeds
         "below t*": (int(ranked[-1]), int(ranked[-1])),
         "extremes": (1, 0xFFFFFFFF),
     }[seeds]
-    out = torch.zeros(2, dtype=torch.int32)
-    signed = (keys - (1 << 32) * (keys >= 1 << 31)).to(torch.int32)
-    _kth_kernel[(1,)](signed, out, k, seed_lo, seed_hi, N=n)
+    out = torch.zeros(4, dtype=torch.int32)
+    _kth_kernel[(1,)](signed_keys(keys), out, k, seed_lo, seed_hi, N=n, BRACKET=0)
     threshold = int(out[0]) & 0xFFFFFFFF
     assert threshold > 0
     assert int(out[1]) == int((live >= threshold).sum())
     assert int((live >= threshold).sum()) >= k
     assert int((live > threshold).sum()) <= k - 1 or int((live >= threshold).sum()) == k
-    assert threshold <= int(torch.sort(live, descending=True).values[k - 1])
+    assert threshold <= int(ranked[k - 1])
+
+
+@pytest.mark.parametrize("case", SEARCH_CASES)
+@pytest.mark.parametrize("bracket", [1, 8, 64])
+def test_search_stopped_at_a_bracket(gen: torch.Generator, case: str, bracket: int) -> None:
+    """With BRACKET > 0 the search returns (t, count(keys >= t), hi, count(keys > hi)) with
+    count(keys >= t) >= k > count(keys > hi) and t <= hi: the k-th largest key t* lies in
+    [t, hi]. Unless t is exact (t = t*, or exactly k keys reach it), at most BRACKET keys
+    lie in [t, hi] (what `_emit_ranked` ranks)."""
+    n, k = 256, 37
+    keys = search_keys(gen, case, n, k)
+    live = keys[keys > 0]
+    kth = int(torch.sort(live, descending=True).values[k - 1])
+    out = torch.zeros(4, dtype=torch.int32)
+    _kth_kernel[(1,)](signed_keys(keys), out, k, 0, 0, N=n, BRACKET=bracket)
+    threshold, hi = int(out[0]) & 0xFFFFFFFF, int(out[2]) & 0xFFFFFFFF
+    reaching, above_hi = int(out[1]), int(out[3])
+    assert 0 < threshold <= kth <= hi
+    assert reaching == int((live >= threshold).sum()) >= k
+    assert above_hi == int((live > hi).sum()) < k
+    if reaching > k and threshold != kth:
+        assert reaching - above_hi <= bracket
 
 
 @triton.jit

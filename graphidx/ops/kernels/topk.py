@@ -41,7 +41,8 @@ last program of a row to arrive (acq_rel counter) computes the row's floor;
 `_split_collect_kernel` streams every column again, appending those > floor / == floor with
 relaxed atomics (in arrival order), and the row's last program to arrive selects. Because
 that order varies from run to run, whenever only some of the columns tied at the threshold
-can be picked this path takes them from the whole-row pass instead (in column order).
+can be picked and the rank step does not order them (more than RANK_KEYS keys in the last
+bracket), this path takes them from the whole-row pass instead (in column order).
 
 Either way exactly min(k, #finite values) distinct columns are written, then -1 padding, and
 when only some tied columns can be picked they are the tied columns of smallest index: equal
@@ -659,9 +660,10 @@ def _select(
     ORDERED: the buffers hold their columns in column order (one program wrote them in
     order), so ties at the threshold are picked from them directly. Otherwise they fill in
     atomic (arrival) order, which varies from run to run: whenever only some of the columns
-    tied at the threshold can be picked, the choice is made in column order by the whole-row
-    pass instead. Either way equal inputs always give equal picks, the same ones (a replayed
-    graph must reproduce the eager answer).
+    tied at the threshold can be picked and the rank step below does not order them, the
+    choice is made in column order by the whole-row pass instead. Either way equal inputs
+    always give equal picks, the same ones (a replayed graph must reproduce the eager
+    answer).
 
     The candidates are the keys > floor. ORDERED also passes the row's largest key, so the
     exact search starts from the bracket [floor + 1, row_max] (count above_total, 0) without
@@ -696,8 +698,9 @@ def _select(
                 largest, smallest, live = _key_range(key)
         else:
             largest, smallest, live = _key_range(key)
-        # The tie buffer is free here (more than k candidates): it stages the rank step's keys
-        # (none at K_PAD = 1: BRACKET 0 never ranks, M = 1 only keeps the code compilable).
+        # The tie buffer is free here (more than k candidates): it stages the rank step's keys.
+        # A bracket to rank holds >= 2 keys (count >= k + 1 at lo, <= k - 1 above hi), so at
+        # K_PAD <= 2 (BRACKET <= 1) the step never runs; M = 1 only keeps it compilable.
         BRACKET: tl.constexpr = RANK_KEYS if RANK_KEYS <= K_PAD // 2 else K_PAD // 2
         threshold, reaching, hi, above_hi = _kth_largest_key(
             key, k, k, k, largest, smallest, live, 0, 0, 32, BRACKET
