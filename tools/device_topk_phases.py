@@ -8,7 +8,8 @@ one CUDA-graph replay with that flush, and as a replay with a clean L2 (`time_us
   the rate one pass over the logits can reach with this grid, and torch.amax over the rows;
 - the P = 1 kernel cut after each phase, built from the library's own jit helpers: group
   maxima only, + the floor search, + the collect pass, + the select's candidate gather and
-  key range, + its exact search; then the full op (the rest: writing the picks);
+  key range, + its search (down to the rank step's bracket since session 17); then the full
+  op (the rest: the rank step and writing the picks);
 - the full op at P = 1 / 2 / 4 (the split launches timed bimodally when eager).
 A phase's cost is the difference between consecutive cuts. Prints one table. --quick: only
 the cuts and the full op at P = 1, as clean-L2 graph replays (for A/B of two trees).
