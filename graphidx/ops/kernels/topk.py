@@ -587,7 +587,7 @@ def _emit_ranked(key, col, lo, hi, inside, above, k, stage, dst, M: tl.constexpr
     mine = tl.load(staged + entry, mask=entry < inside, other=0)
     ahead = tl.zeros([M * RANK_PARTS], tl.int32)  # staged entries ahead of mine
     for first in range(0, inside, 8 * RANK_PARTS):
-        for j in tl.static_range(8):
+        for j in tl.static_range(8):  # 8 loads in flight per thread and iteration
             other = first + j * RANK_PARTS + slot % RANK_PARTS
             # 0 past `inside`: below every staged value (keys >= lo >= 1).
             theirs = tl.load(staged + other, mask=other < inside, other=0)
