@@ -28,6 +28,8 @@ CASES = {
     "decode64": 'dense_decode_case("dense decode", 64, 2, [16384] * 64, 64, C, D)',
     "decode64s": 'dense_decode_case("dense decode", 64, 2, [16384] * 64, 64, C, D,'
     " use_schedule=True)",
+    # 66 x 8 = 528 programs: 4 on every SM (64 x 16K leaves 16 of the 528 slots idle)
+    "decode64x66": 'dense_decode_case("dense decode 66", 64, 2, [16384] * 66, 64, C, D)',
     "decode32": 'dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, C, D)',
     # short steps, where the per-program query decode weighs most
     "decode64x4k": 'dense_decode_case("dense decode 4K", 64, 2, [4096] * 64, 64, C, D)',

@@ -1,0 +1,106 @@
+"""H200 script: how fast could the key decode make the MQA-logits kernels? Two bounds, timed.
+
+    python tools/device_decode_bounds.py [--rounds 3] [--case decode64 ...] [--dir _bounds]
+
+Writes three copies of this checkout's `graphidx` under `--dir` and times them side by side
+with `tools/device_ab.py` (alternating rounds, one process per tree, kernel spans):
+
+- `main`: the kernels as they are (two packed bf16 multiplies per decoded code pair);
+- `one_multiply`: `dequantize_keys_bf16x2` with a single `fma.rn.bf16x2` by `2**(E - 1)`.
+  Exact only for scale bytes E <= 128 (the bench's keys reach 133, so its checks FAIL on the
+  keys above; the instructions are the same): no exact kernel saves more on the multiplies;
+- `no_key_decode`: the code words handed to the MMA as bf16 pairs with no arithmetic but one
+  shift per word. Wrong values (its checks FAIL by design): the time of everything but the
+  key decode — the MMAs, the epilogue, the loads and the stores (the scale bytes, unused,
+  are not loaded: 4 of a key's 68 bytes).
+
+A target that the `no_key_decode` tree misses cannot be met by any key decode in this loop;
+one that `one_multiply` misses cannot be met by a cheaper scale step. The three patched
+function bodies are checked to have applied (the script stops otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+KERNEL = os.path.join("graphidx", "ops", "kernels", "mxfp4_tl.py")
+
+TWO_MULTIPLIES = "".join([
+    "    low_factors, high_factors = bf16x2_scale_factors(tl.expand_dims(scale_bytes, 3))\n",
+    "    pair = tl.inline_asm_elementwise(\n",
+    '        "{ .reg .b32 nz, t; mov.b32 nz, 0x80008000; "\n',
+    '        "fma.rn.bf16x2 t, $1, $2, nz; fma.rn.bf16x2 $0, t, $3, nz; }",\n',
+    '        "=r,r,r,r",\n',
+    "        [pair, low_factors, high_factors],\n",
+])  # fmt: skip
+
+ONE_MULTIPLY = "".join([
+    "    factors = (tl.expand_dims(scale_bytes, 3) + 126) * 0x00800080  # 2**(E - 1)\n",
+    "    pair = tl.inline_asm_elementwise(\n",
+    '        "{ .reg .b32 nz; mov.b32 nz, 0x80008000; fma.rn.bf16x2 $0, $1, $2, nz; }",\n',
+    '        "=r,r,r",\n',
+    "        [pair, factors],\n",
+])  # fmt: skip
+
+DECODE_START = "    pair = bf16_pair_codes(words)\n"
+DECODE_END = "    first = pair.to("
+
+# no decode: each word's bits (and the word shifted by 8) as bf16 pairs, in the decode's shape
+RAW_PAIRS = "".join([
+    "    upper = words >> 8\n",
+    "    pair = tl.join(tl.join(words, upper), tl.join(upper, words))\n",
+    "    pair = tl.permute(tl.reshape(pair, [rows, sub, count, 4, 4]), (0, 1, 2, 4, 3))\n",
+])  # fmt: skip
+
+VARIANTS = {
+    "main": [],
+    "one_multiply": [(TWO_MULTIPLIES, ONE_MULTIPLY)],
+    "no_key_decode": [(None, RAW_PAIRS)],
+}
+
+
+def write_tree(directory: str, name: str, patches: list[tuple[str | None, str]]) -> str:
+    """A copy of `graphidx` at `directory/name` with `patches` applied to the kernel file; a
+    patch `(None, new)` replaces the key decode's lines from DECODE_START up to DECODE_END."""
+    root = os.path.join(directory, name)
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(os.path.join(ROOT, "graphidx"), os.path.join(root, "graphidx"),
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    path = os.path.join(root, KERNEL)
+    with open(path) as handle:
+        text = handle.read()
+    for old, new in patches:
+        if old is None:
+            start = text.find(DECODE_START)
+            old = text[start : text.find(DECODE_END, start)]
+        if text.count(old) != 1 or not old:
+            raise SystemExit(f"{name}: the patched lines are not once in {KERNEL}: update me")
+        text = text.replace(old, new)
+    with open(path, "w") as handle:
+        handle.write(text)
+    return root
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--case", action="append", help="device_ab.py case names")
+    parser.add_argument("--dir", default="_bounds", help="where the trees are written")
+    args = parser.parse_args()
+    roots = [write_tree(args.dir, name, patches) for name, patches in VARIANTS.items()]
+    cases = args.case or ["decode64", "decode64x66", "decode32", "gather"]
+    command = [sys.executable, os.path.join(HERE, "device_ab.py"), *roots,
+               "--rounds", str(args.rounds)] + [f"--case={case}" for case in cases]  # fmt: skip
+    # no_key_decode fails its checks by design, so device_ab's exit status says nothing here
+    subprocess.run(command, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
