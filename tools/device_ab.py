@@ -199,13 +199,15 @@ CHILD = (
 for name in sys.argv[1:]:
     result = eval(CASES[name], scope)
     kernel = result.notes.get("kernel_us")
-    print("AB " + json.dumps([name, result.time_us, result.check, kernel]), flush=True)
+    floor = getattr(result, "floor_us", None)
+    print("AB " + json.dumps([name, result.time_us, result.check, kernel, floor]), flush=True)
 """
 )
 
 
-def run_tree(root: str, cases: list[str]) -> dict[str, tuple[float, str, object]]:
-    """Time `cases` with the graphidx of `root` in a fresh process."""
+def run_tree(root: str, cases: list[str]) -> dict[str, tuple[float, str, object, object]]:
+    """Time `cases` with the graphidx of `root` in a fresh process: per case the replay time,
+    the check, the kernel span and the roofline floor (None where the case has none)."""
     env = dict(os.environ, PYTHONPATH=root)
     code = f"CASES = {CASES!r}\n{CHILD}"
     done = subprocess.run(
@@ -214,8 +216,8 @@ def run_tree(root: str, cases: list[str]) -> dict[str, tuple[float, str, object]
     found = {}
     for line in done.stdout.splitlines():
         if line.startswith("AB "):
-            name, time_us, check, kernel = json.loads(line[3:])
-            found[name] = (time_us, check, kernel)
+            name, time_us, check, kernel, floor = json.loads(line[3:])
+            found[name] = (time_us, check, kernel, floor)
     if done.returncode != 0:
         print(done.stderr[-2000:], file=sys.stderr)
     return found
@@ -240,6 +242,35 @@ def print_medians(title: str, samples: dict[tuple[str, str], list[float]], names
         print(f"{name:10} " + " ".join(cells))
 
 
+Samples = dict[tuple[str, str], list[float]]
+
+
+def time_trees(trees: dict[str, str], cases: list[str], rounds: int
+               ) -> tuple[Samples, Samples, dict[str, float], bool]:  # fmt: skip
+    """Run `cases` on every tree for `rounds` alternating rounds, printing a line per run.
+
+    Returns the replay times and kernel spans by (tree, case), each case's roofline floor,
+    and whether any check failed."""
+    names = list(trees)
+    times: Samples = {}
+    spans: Samples = {}
+    floors: dict[str, float] = {}
+    failed = False
+    for round_index in range(rounds):
+        order = names if round_index % 2 == 0 else names[::-1]
+        for tree in order:
+            for name, (time_us, check, kernel, floor) in run_tree(trees[tree], cases).items():
+                times.setdefault((tree, name), []).append(time_us)
+                if isinstance(kernel, float):
+                    spans.setdefault((tree, name), []).append(kernel)
+                if isinstance(floor, float):
+                    floors[name] = floor
+                failed |= check != "OK"
+                span = f"kernel {kernel:7.1f} us" if isinstance(kernel, float) else ""
+                print(f"round {round_index} {tree:12} {name:10} {time_us:9.1f} us  {span}  {check}")
+    return times, spans, floors, failed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("roots", nargs="+", help="source trees; the first is the base")
@@ -250,23 +281,10 @@ def main() -> int:
     trees = {os.path.basename(os.path.abspath(r)) or r: os.path.abspath(r) for r in args.roots}
     if len(trees) < len(args.roots):
         parser.error("the trees are told apart by folder name: give each a different one")
-    names = list(trees)
-    times: dict[tuple[str, str], list[float]] = {}
-    spans: dict[tuple[str, str], list[float]] = {}
-    failed = False
-    for round_index in range(args.rounds):
-        order = names if round_index % 2 == 0 else names[::-1]
-        for tree in order:
-            for name, (time_us, check, kernel) in run_tree(trees[tree], cases).items():
-                times.setdefault((tree, name), []).append(time_us)
-                if isinstance(kernel, float):
-                    spans.setdefault((tree, name), []).append(kernel)
-                failed |= check != "OK"
-                span = f"kernel {kernel:7.1f} us" if isinstance(kernel, float) else ""
-                print(f"round {round_index} {tree:12} {name:10} {time_us:9.1f} us  {span}  {check}")
-    print_medians("replay", times, names, cases)
+    times, spans, _, failed = time_trees(trees, cases, args.rounds)
+    print_medians("replay", times, list(trees), cases)
     if spans:
-        print_medians("kernel span", spans, names, cases)
+        print_medians("kernel span", spans, list(trees), cases)
     return 1 if failed else 0
 
 

@@ -1,6 +1,7 @@
 """H200 script: how fast could the key decode make the MQA-logits kernels? Two bounds, timed.
 
     python tools/device_decode_bounds.py [--rounds 3] [--case decode64 ...] [--dir _bounds]
+        [--out DIR]
 
 Writes three copies of this checkout's `graphidx` under `--dir` and times them side by side
 with `tools/device_ab.py` (alternating rounds, one process per tree, kernel spans):
@@ -15,8 +16,9 @@ with `tools/device_ab.py` (alternating rounds, one process per tree, kernel span
   are not loaded: 4 of a key's 68 bytes).
 
 A target that the `no_key_decode` tree misses cannot be met by any key decode in this loop;
-one that `one_multiply` misses cannot be met by a cheaper scale step. The three patched
-function bodies are checked to have applied (the script stops otherwise).
+one that `one_multiply` misses cannot be met by a cheaper scale step. The patches are checked
+to have applied (the script stops otherwise). Prints the medians, then each tree's kernel
+span over the case's roofline floor; `--out` also plots those ratios (decode_bounds.png).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
+import statistics
 import sys
+
+import device_ab
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -87,18 +91,65 @@ def write_tree(directory: str, name: str, patches: list[tuple[str | None, str]])
     return root
 
 
+def bound_rows(spans: dict[tuple[str, str], list[float]], floors: dict[str, float],
+               cases: list[str]) -> list[tuple[str, float, list[float]]]:  # fmt: skip
+    """Per case its floor and each tree's median kernel span over it (NaN where not run)."""
+    rows = []
+    for case in cases:
+        floor = floors.get(case, float("nan"))
+        ratios = []
+        for tree in VARIANTS:
+            got = spans.get((tree, case))
+            ratios.append(statistics.median(got) / floor if got else float("nan"))
+        rows.append((case, floor, ratios))
+    return rows
+
+
+def plot_bounds(rows: list[tuple[str, float, list[float]]], path: str) -> None:
+    """Bars of kernel span / floor per case and tree, with the <= 1.5x target as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(VARIANTS)
+    for index, tree in enumerate(VARIANTS):
+        places = [case + (index - (len(VARIANTS) - 1) / 2) * width for case in range(len(rows))]
+        heights = [ratios[index] for _, _, ratios in rows]
+        bars = axes.bar(places, heights, width, label=tree)
+        axes.bar_label(bars, fmt="%.2f", fontsize=8)
+    axes.axhline(1.5, color="black", linestyle="--", linewidth=1, label="target <= 1.5x")
+    axes.axhline(1.0, color="gray", linewidth=1)
+    axes.set_xticks(range(len(rows)), [f"{case}\nfloor {floor:.1f} us" for case, floor, _ in rows])
+    axes.set_ylabel("kernel span / roofline floor")
+    axes.set_title("MQA logits on the H200: what a cheaper key decode could give")
+    axes.legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--case", action="append", help="device_ab.py case names")
     parser.add_argument("--dir", default="_bounds", help="where the trees are written")
+    parser.add_argument("--out", help="folder for decode_bounds.png")
     args = parser.parse_args()
-    roots = [write_tree(args.dir, name, patches) for name, patches in VARIANTS.items()]
+    trees = {name: write_tree(args.dir, name, patches) for name, patches in VARIANTS.items()}
     cases = args.case or ["decode64", "decode64x66", "decode32", "gather"]
-    command = [sys.executable, os.path.join(HERE, "device_ab.py"), *roots,
-               "--rounds", str(args.rounds)] + [f"--case={case}" for case in cases]  # fmt: skip
-    # no_key_decode fails its checks by design, so device_ab's exit status says nothing here
-    subprocess.run(command, check=False)
+    # no_key_decode fails its checks by design: the failure flag says nothing here
+    times, spans, floors, _ = device_ab.time_trees(trees, cases, args.rounds)
+    device_ab.print_medians("replay", times, list(trees), cases)
+    device_ab.print_medians("kernel span", spans, list(trees), cases)
+    rows = bound_rows(spans, floors, cases)
+    print("\nkernel span / floor (target <= 1.5)")
+    print(f"{'case':12} {'floor us':>9} " + " ".join(f"{tree:>14}" for tree in VARIANTS))
+    for case, floor, ratios in rows:
+        print(f"{case:12} {floor:9.1f} " + " ".join(f"{ratio:14.3f}" for ratio in ratios))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        plot_bounds(rows, os.path.join(args.out, "decode_bounds.png"))
     return 0
 
 
