@@ -9,7 +9,7 @@ with `tools/device_ab.py` (alternating rounds, one process per tree, kernel span
 - `main`: the kernels as they are (two packed bf16 multiplies per decoded code pair);
 - `one_multiply`: `dequantize_keys_bf16x2` with a single `fma.rn.bf16x2` by `2**(E - 1)`.
   Exact only for scale bytes E <= 128 (the bench's keys reach 133, so its checks FAIL on the
-  keys above; the instructions are the same): no exact kernel saves more on the multiplies;
+  keys above; the instructions are the same): no exact one-multiply decode saves more;
 - `no_key_decode`: the code words handed to the MMA as bf16 pairs with no arithmetic but one
   shift per word. Wrong values (its checks FAIL by design): the time of everything but the
   key decode — the MMAs, the epilogue, the loads and the stores (the scale bytes, unused,
