@@ -82,8 +82,9 @@ def write_tree(directory: str, name: str, patches: list[tuple[str | None, str]])
     for old, new in patches:
         if old is None:
             start = text.find(DECODE_START)
-            old = text[start : text.find(DECODE_END, start)]
-        if text.count(old) != 1 or not old:
+            end = text.find(DECODE_END, start)
+            old = text[start:end] if 0 <= start < end else ""
+        if not old or text.count(old) != 1:
             raise SystemExit(f"{name}: the patched lines are not once in {KERNEL}: update me")
         text = text.replace(old, new)
     with open(path, "w") as handle:
@@ -132,7 +133,7 @@ def plot_bounds(rows: list[tuple[str, float, list[float]]], path: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--case", action="append", help="device_ab.py case names")
+    parser.add_argument("--case", action="append", choices=sorted(device_ab.CASES))
     parser.add_argument("--dir", default="_bounds", help="where the trees are written")
     parser.add_argument("--out", help="folder for decode_bounds.png")
     args = parser.parse_args()
