@@ -12,7 +12,7 @@ compiled kernel it prints registers, shared memory and, for the hottest loop (th
 loop holding an MMA, else the longest), the instruction count by opcode; `--out` keeps
 TTGIR, PTX and SASS. `--loads` adds, for every loop, where each load's result is first
 read: a load read in the iteration that issued it is waited for there, whatever the
-source meant to prefetch (BENCHMARKS.md session 7: the top-k's streaming pass).
+source meant to prefetch (docs/perf-notes.md has an example: the top-k's streaming pass).
 
 Use the Triton version the H200 has (3.6) for numbers that transfer: a venv with
 `pip install torch==2.13.0 numpy triton==3.6.0` works on a CPU-only machine.
