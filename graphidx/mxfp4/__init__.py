@@ -1,4 +1,4 @@
-"""MXFP4 keys and queries, and the preshuffled paged K cache (SPEC section 4)."""
+"""MXFP4 keys and queries, and the preshuffled paged K cache (docs/contract.md section 4)."""
 
 from graphidx.mxfp4.format import E2M1_VALUES, dequantize_mxfp4, quantize_mxfp4
 from graphidx.mxfp4.layout import (

@@ -1,4 +1,4 @@
-"""MXFP4 numbers (SPEC section 4): e2m1 elements with one e8m0 scale per 32 elements.
+"""MXFP4 numbers: e2m1 elements with one e8m0 scale per 32 elements (docs/contract.md section 4).
 
 Element codes are 4 bits: bit 3 is the sign, bits 0..2 index `E2M1_VALUES`. Two codes share
 a byte, the LOW nibble holding the even element. A scale byte `b` means `2 ** (b - 127)`;

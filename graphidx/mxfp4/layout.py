@@ -1,4 +1,4 @@
-"""Byte order of the preshuffled paged MXFP4 K cache (SPEC section 4).
+"""Byte order of the preshuffled paged MXFP4 K cache (docs/contract.md section 4).
 
 This module is the one source of truth for where each byte of a key lives. Kernels that
 cannot import it (Triton, aiter) re-derive exactly these formulas.

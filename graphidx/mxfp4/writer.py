@@ -1,4 +1,4 @@
-"""The K writer (SPEC section 4): quantize keys and store each at its cache slot.
+"""The K writer (docs/contract.md section 4): quantize keys and store each at its cache slot.
 
 A slot is `page * page_entries + entry`; the bytes of entry `entry` of page `page` are the
 ones `graphidx.mxfp4.layout.entry_offsets` names. Slot -1 means "this token has no key".

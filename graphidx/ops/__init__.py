@@ -1,4 +1,4 @@
-"""The indexer's kernels as torch custom ops (SPEC section 5, OPS_CONTRACT).
+"""The indexer's kernels as torch custom ops (docs/contract.md section 5).
 
 Every op writes only into caller-given outputs, returns None and takes `backend`
 ("reference", "triton", "aiter" or None for the device's default, see

@@ -1,4 +1,5 @@
-"""Which implementation of an op runs: `reference`, `triton` or `aiter` (SPEC section 5).
+"""Which implementation of an op runs: `reference`, `triton` or `aiter` (docs/contract.md
+section 5).
 
 `None` picks the default for the tensors' device: `triton` on CUDA and ROCm GPUs, `reference`
 on the CPU. An explicit choice that cannot run on that device raises instead of falling back.

@@ -1,4 +1,4 @@
-"""The candidate pool of a two-level indexer (SPEC 5; OPS_CONTRACT ops 3 and 6).
+"""The candidate pool of a two-level indexer (docs/contract.md sections 5.3 and 5.6).
 
 `resolve_candidate_pool` turns the source layer's candidate block ids into sorted first
 positions and a live column count per row; `apply_candidate_mask` masks a dense logits row

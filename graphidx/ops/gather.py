@@ -1,5 +1,5 @@
-"""Compact logits over a row's candidate pool, and the remap of their top-k (SPEC 5;
-OPS_CONTRACT ops 4 and 5).
+"""Compact logits over a row's candidate pool, and the remap of their top-k (docs/contract.md
+sections 5.4 and 5.5).
 
 A consumer row scores only its pool: compact column j is key position
 `positions[r, j // C] + j % C`. After top-k over the compact row, `remap_compact_topk` turns
@@ -246,7 +246,7 @@ def gather_mqa_logits(
     page_entries: int | None = None,
     backend: str | None = None,
 ) -> None:
-    """Compact logits of each row over its candidate pool (OPS_CONTRACT op 4).
+    """Compact logits of each row over its candidate pool (docs/contract.md section 5.4).
 
     q, q_scale, kv_cache, weights, context_lens, block_table and the row grouping as in
     `paged_mqa_logits`; positions int32 `[rows, KB]` and live_cols int32 `[rows]` from
@@ -300,7 +300,7 @@ def remap_compact_topk(
     *,
     backend: str | None = None,
 ) -> None:
-    """Compact columns back to key positions (OPS_CONTRACT op 5).
+    """Compact columns back to key positions (docs/contract.md section 5.5).
 
     compact_topk int32 `[rows, k]` (compact column j or -1); positions int32 `[rows, KB]`;
     out int32 `[rows, k]`, may be compact_topk itself. out = positions[r, j // C] + j % C;

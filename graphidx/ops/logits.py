@@ -1,4 +1,5 @@
-"""Dense MQA logits over the paged MXFP4 K cache, with optional block scores (SPEC 5, op 1).
+"""Dense MQA logits over the paged MXFP4 K cache, with optional block scores (docs/contract.md
+section 5.1).
 
 `paged_mqa_logits` is the public wrapper: it validates its arguments from metadata only (no
 host sync), resolves the backend and calls the custom op `graphidx::paged_mqa_logits`, which
@@ -49,7 +50,8 @@ def seq_row_ranges(
     query_start_loc: torch.Tensor | None,
     next_n: int | None,
 ) -> list[tuple[int, int]]:
-    """Host `(first row, end row)` of every sequence under the SPEC 5 row grouping.
+    """Host `(first row, end row)` of every sequence under the row grouping of docs/contract.md
+    section 5.
 
     query_start_loc must start at 0, end at `rows` and never decrease (it is chunk-local);
     the reference checks that here because it has read the values anyway.
@@ -386,7 +388,8 @@ def paged_mqa_logits(
     page_entries: int | None = None,
     backend: str | None = None,
 ) -> None:
-    """Dense logits of every query row over its sequence's paged keys (OPS_CONTRACT op 1).
+    """Dense logits of every query row over its sequence's paged keys (docs/contract.md section
+    5.1).
 
     q uint8 `[rows, H, D/2]` and q_scale uint8 `[rows, H, D/32]` (MXFP4 per head); kv_cache
     uint8 `[num_pages, page_stride]` (preshuffled pages of `page_entries`, default

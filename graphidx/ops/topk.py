@@ -1,4 +1,4 @@
-"""Top-k per row of a logits buffer (SPEC 5; OPS_CONTRACT op 2).
+"""Top-k per row of a logits buffer (docs/contract.md section 5.2).
 
 `topk_per_row` validates, resolves the backend and calls the custom op
 `graphidx::topk_per_row`: reference below, `graphidx.ops.kernels.topk` (Triton), or

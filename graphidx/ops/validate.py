@@ -1,4 +1,4 @@
-"""Argument checks shared by the public op wrappers (SPEC sections 5 and 9).
+"""Argument checks shared by the public op wrappers (docs/contract.md sections 5 and 9).
 
 Every check here reads only tensor metadata (dtype, device, shape, strides) and host ints, so
 the wrappers can run them inside a captured step without a host sync. The one exception is
@@ -14,7 +14,7 @@ import torch
 from graphidx.config import cdiv
 from graphidx.mxfp4 import CacheLayout, cache_layout, check_kv_cache
 
-# e2m1 codes per value byte and elements per e8m0 scale (SPEC 4).
+# e2m1 codes per value byte and elements per e8m0 scale (docs/contract.md section 4).
 ELEMENTS_PER_BYTE = 2
 ELEMENTS_PER_SCALE = 32
 
@@ -149,7 +149,7 @@ def check_row_grouping(
     next_n: object,
     device: torch.device,
 ) -> int:
-    """Check the row grouping of SPEC 5 and return the number of sequences.
+    """Check the row grouping of docs/contract.md section 5 and return the number of sequences.
 
     query_start_loc int32 `[num_seqs + 1]`; next_n an int >= 1 dividing rows; neither means
     one row per seq. context_lens int32 `[num_seqs]`, block_table int32

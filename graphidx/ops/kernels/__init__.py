@@ -1,4 +1,4 @@
-"""Triton implementations of the graphidx ops (the `triton` backend, SPEC section 5).
+"""Triton implementations of the graphidx ops (the `triton` backend, docs/contract.md section 5).
 
 One module per op family, each with its kernels and their launchers side by side:
 `logits` (dense paged MQA logits), `gather` (compact logits over a candidate pool and the

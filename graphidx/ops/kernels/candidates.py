@@ -1,4 +1,5 @@
-"""Candidate pool resolution and the dense candidate mask in Triton (OPS_CONTRACT ops 3 and 6).
+"""Candidate pool resolution and the dense candidate mask in Triton (docs/contract.md sections
+5.3 and 5.6).
 
 `resolve_candidate_pool`: one program per row marks the valid block ids, sorts them with
 `tl.sort` (invalid ones mapped past every valid id), and writes first positions, -1 padding
@@ -107,7 +108,8 @@ def resolve_candidate_pool(
     positions: torch.Tensor,
     live_cols: torch.Tensor,
 ) -> None:
-    """Triton `resolve_candidate_pool` (OPS_CONTRACT op 3; arguments validated by the wrapper)."""
+    """Triton `resolve_candidate_pool` (docs/contract.md section 5.3; arguments validated by the
+    wrapper)."""
     rows, pool_blocks = block_ids.shape
     if rows == 0:
         return
@@ -129,7 +131,7 @@ def resolve_candidate_pool(
 def apply_candidate_mask(
     logits: torch.Tensor, positions: torch.Tensor, candidate_block_size: int
 ) -> None:
-    """Triton `apply_candidate_mask` (OPS_CONTRACT op 6), in place on `logits`.
+    """Triton `apply_candidate_mask` (docs/contract.md section 5.6), in place on `logits`.
 
     Allocates rows x next_power_of_2(KB) int32 of scratch for the sorted starts.
     """

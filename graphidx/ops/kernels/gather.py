@@ -1,5 +1,5 @@
 """Compact gather logits over a candidate pool, and the remap of their top-k, in Triton
-(OPS_CONTRACT ops 4 and 5).
+(docs/contract.md sections 5.4 and 5.5).
 
 `gather_mqa_logits`: program (r, i) scores compact columns [i * SPLIT, (i + 1) * SPLIT) of
 row r in tiles of BLOCK_N columns. Column j scores key position
@@ -133,16 +133,16 @@ def default_config(
     A grid the SMs hold uncapped at GATHER_SPLIT_COLUMNS is split finer (halving the split
     down to MIN_SPLIT_TILES tiles per program, while halving adds programs) until it outgrows
     them, so a small batch also gets the occupancy config: 16 rows x 16384, C 8, H32 32.6 ->
-    21.7 us, H64 36.1 -> 22.5 (split 512; 128 rows unchanged; tools/device_ab.py, session 11).
+    21.7 us, H64 36.1 -> 22.5 (split 512; 128 rows unchanged).
 
     128 keys per tile on a GPU (sm_90 SASS of the tile loop: 659 instructions per warp and
     128 keys, against 2 x 383 at 64); the loads are gathers, so no shared-memory pipelining
     (num_stages 1): latency is hidden by resident programs and by running the reads ahead
     (`prefetch`: 114.1 -> 108.5 us at H32, 128 x 16384, C 8 with the L1 prefetch of the next
-    tile's codes, tools/device_ab.py).
+    tile's codes).
 
     On NVIDIA, when the grid has more programs than the SMs hold uncapped (3 per SM at 32
-    heads, 2 at 64), occupancy wins over the rest (BENCHMARKS.md session 10, 128 x 16384, C 8):
+    heads, 2 at 64), occupancy wins over the rest (128 x 16384, C 8; docs/perf-notes.md):
     - up to 32 padded heads, registers capped at 64 (8 resident programs per SM) and no
       prefetch (its registers cost more programs than its latency saves): tile loop 677
       SASS instructions against 675, 42 local loads / stores in the kernel; H32 108.5 ->
@@ -415,7 +415,8 @@ def gather_mqa_logits(
     page_entries: int | None = None,
     config: GatherConfig | None = None,
 ) -> None:
-    """Triton `gather_mqa_logits` (OPS_CONTRACT op 4; arguments validated by the wrapper).
+    """Triton `gather_mqa_logits` (docs/contract.md section 5.4; arguments validated by the
+    wrapper).
 
     Same contract as `graphidx.ops.gather_mqa_logits`; `config` overrides the shape-chosen
     tiles (tuning hook, checked by `check_config`). Reads no device value on the host.
@@ -479,7 +480,7 @@ def remap_compact_topk(
     candidate_block_size: int,
     out: torch.Tensor,
 ) -> None:
-    """Triton `remap_compact_topk` (OPS_CONTRACT op 5); `out` may be `compact_topk`.
+    """Triton `remap_compact_topk` (docs/contract.md section 5.5); `out` may be `compact_topk`.
 
     out[r, i] = positions[r, j // C] + j % C for j = compact_topk[r, i] in [0, KB * C),
     else -1.

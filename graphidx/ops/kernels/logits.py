@@ -1,4 +1,4 @@
-"""Dense paged MXFP4 MQA logits in Triton (OPS_CONTRACT op 1, `paged_mqa_logits`).
+"""Dense paged MXFP4 MQA logits in Triton (docs/contract.md section 5.1, `paged_mqa_logits`).
 
 One program scores a *row group* (rows of one seq that share every K tile) against a range of
 that seq's keys, walking it in tiles of BLOCK_N keys:
@@ -184,11 +184,11 @@ def default_config(
     64 keys and N = block_r * heads_pad <= 128 columns, no shared-memory pipelining
     (num_stages 1), keys loaded in the operand layout (`uses_mma_rows`), the next tile's
     codes prefetched in registers when page_entries % block_n == 0 (prefill 3972 -> 3752-3800
-    us at H64, 4096 x 32K, BENCHMARKS.md session 8); on NVIDIA, decode at N = 128
+    us at H64, 4096 x 32K); on NVIDIA, decode at N = 128
     caps 64-key tiles at 128 registers (4 resident programs per SM), with >= 2 rows per
     group splits each tile's MMA in two halves of the rows (`LogitsConfig.halves`: few
     spills left) and prefetches the tile after next into L2 (`LogitsConfig.l2_prefetch`:
-    H64 64 x 16K 81.7 -> 72.0 us kernel time, BENCHMARKS.md session 12; at N = 64 its
+    H64 64 x 16K 81.7 -> 72.0 us kernel time; at N = 64 its
     instructions cost more than the DRAM wait it hides: H32 184.8 -> 187.9 us, so off);
     prefill keeps the compiler's choice (with the prefetch, a 168-register cap measured
     the same: 3777 vs 3780 us).
@@ -876,7 +876,8 @@ def paged_mqa_logits(
     page_entries: int | None = None,
     config: LogitsConfig | None = None,
 ) -> None:
-    """Triton `paged_mqa_logits` (OPS_CONTRACT op 1; arguments validated by the wrapper).
+    """Triton `paged_mqa_logits` (docs/contract.md section 5.1; arguments validated by the
+    wrapper).
 
     Same contract as `graphidx.ops.paged_mqa_logits`. `schedule` (from
     graphidx.ops.schedule.build_decode_schedule, built with the same next_n) switches decode

@@ -1,4 +1,4 @@
-"""Exact per-row top-k in Triton (OPS_CONTRACT op 2, `topk_per_row`).
+"""Exact per-row top-k in Triton (docs/contract.md section 5.2, `topk_per_row`).
 
 Values are compared through the order-preserving uint32 image of float32 (`_order_key`:
 flip the sign bit of non-negatives, invert negatives), so ties and signed zeros follow one
@@ -53,9 +53,9 @@ packed int64): interpolated between the counts at the ends of a bracket around t
 largest key (`_kth_largest_key`), or 2-bit digits in the whole-row select; each stops early
 once exactly k keys are at or above the threshold.
 
-Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md session
-17): P = 1 at 16 warps, kernel alone (the replay's device span) 20.8 us at k 512 and 27.8 at
-k 2048 (bench at cd787a2; replays 24.6 / 31.9), 2.19 and 2.93 times a measured read of the
+Cost (H200, 128 x 65536 float32, CUDA-graph replays with a clean L2, BENCHMARKS.md): P = 1
+at 16 warps, kernel alone (the replay's device span) 20.8 us at k 512 and 27.8 at k 2048
+(replays 24.6 / 31.9), 2.19 and 2.93 times a measured read of the
 logits' kernel (9.5 us), 2.7 and 3.6 times the nominal read (7.8 us at 4.3 TB/s). Phases at
 k 2048 (graph replays of the kernel cut after each, clean L2): maxima stream 13.5 us, floor
 and list +6.0, collect +6.2, the select's gather +0.7, its search down to the rank bracket
@@ -85,19 +85,20 @@ KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 
 FLOOR_SLACK = tl.constexpr(8)
 """The floor search stops once at most k + k / FLOOR_SLACK group maxima reach the floor (on
-rows of normals after ~3.5 rounds at k 512, ~4 at 2048, BENCHMARKS.md session 8)."""
+rows of normals after ~3.5 rounds at k 512, ~4 at 2048)."""
 FLOOR_LIMIT = tl.constexpr(2)
 """...or once at most FLOOR_LIMIT * k maxima reach it and the bracket is down to 2**-FLOOR_BITS
 of the maxima's range (clustered maxima, e.g. a few values far apart or maxima on both sides
 of zero, may not get under the slack soon), or once the bracket is one key (ties at the
 floor can leave any count). The columns at or above the floor must fit CAP = 2 * K_PAD, or
-the row takes the whole-row select, 18x slower (8-10 bits of the old radix floor did that,
-BENCHMARKS.md session 5); at 128 x 65536 normals the floors measured leave 572 / 2532
-candidates at k 512 / 2048, but a floor reached by FLOOR_LIMIT alone could leave more than
-CAP (2k maxima plus their groups' other columns above it)."""
+the row takes the whole-row select, 18x slower (a floor resolved to 8-10 bits of the maxima's
+range does that: docs/perf-notes.md, top-k); at 128 x 65536 normals the floors measured
+leave 572 / 2532 candidates at k 512 / 2048, but a floor reached by FLOOR_LIMIT alone could
+leave more than CAP (2k maxima plus their groups' other columns above it)."""
 FLOOR_BITS = tl.constexpr(12)
 """Bits of the maxima's range the bracket must resolve before FLOOR_LIMIT ends the search
-(12 measured 36.0 / 54.5 us with the old radix floor at k 512 / 2048, 16 bits 36.4 / 56.0)."""
+(measured with a 2-bit radix floor search: 12 bits 36.0 / 54.5 us at k 512 / 2048, 16 bits
+36.4 / 56.0)."""
 RANK_KEYS = tl.constexpr(128)
 """Largest bracket (keys left in [lo, hi] around the k-th largest) the select's exact search
 hands to one rank step (`_emit_ranked`) instead of more counting rounds: on rows of normals
@@ -108,7 +109,7 @@ RANK_PARTS = tl.constexpr(4)
 at 16 warps)."""
 BRACKET_SPREAD = tl.constexpr(8)
 """Interpolated trials sit at the estimate and +- 1/BRACKET_SPREAD of the bracket from it
-(chosen over 16 and 32 by rounds counted on rows of normals, BENCHMARKS.md session 8)."""
+(chosen over 16 and 32 by rounds counted on rows of normals)."""
 
 _COUNT_BITS = 21
 COUNT_BITS = tl.constexpr(_COUNT_BITS)
@@ -133,11 +134,9 @@ MIN_GROUPS = 1024
 MAX_GROUPS = 16384
 TARGET_PROGRAMS = 128
 """Programs per launch below which default_config splits rows: about one per multiprocessor.
-Rows are split only when there are too few to fill the GPU, because split launches time
-bimodally: at 128 x 65536, k 512, on one input in one process P = 2 / 4 measured ~58-68 us
-in some do_bench calls and ~135-145 us in others (tools/device_topk_timing.py, interleaved
-rounds, steady 1980 MHz SM clock; cause not found), while P = 1 held 102-105 us in every run
-(BENCHMARKS.md). Earlier (512) it aimed at ~4 programs per multiprocessor."""
+Rows are split only when there are too few to fill the GPU: rows that fill it take the
+one-program path, which needs one launch and no cross-program floor, and is the path tuned
+and measured on them (BENCHMARKS.md)."""
 SPLIT_MAX_K = 1024
 """Largest k that default_config splits rows for (measured at 128 x 65536, k 2048: P = 1
 76 us, P = 2 125 us, P = 4 163 us: the last arriver's floor search over 8192 group maxima
@@ -145,10 +144,10 @@ and the extra launch cost more than the split saves)."""
 WIDE_ROW_COLUMNS = 65536
 """Row width from which one program per row gets WIDE_ROW_WARPS warps, WIDE_ROW_CHUNK
 columns per step and at least WIDE_ROW_GROUPS groups. Measured at 128 x 65536 (CUDA-graph
-replays, clean L2, `tools/device_topk_timing.py --sweep`, 2026-11-29): 16 warps, 4096-column
-steps and 4096 groups (16-column groups at k 512) 36.3 us at k 512 and, with k 2048's own
-8192 groups, 54.7 us, against 39.6 / 55.3 at 2048 / 8192 groups with 8192-column steps (the
-session-4 default); 8 warps, 1024 or 16384 groups and 16384-column steps were slower.
+replays, clean L2, a sweep of groups x steps x warps): 16 warps, 4096-column steps and 4096
+groups (16-column groups at k 512) 36.3 us at k 512 and, with k 2048's own 8192 groups, 54.7
+us, against 39.6 / 55.3 at 2048 / 8192 groups with 8192-column steps; 8 warps, 1024 or
+16384 groups and 16384-column steps were slower.
 Narrower rows are unmeasured, so they keep split_config's sizes."""
 WIDE_ROW_WARPS = 16
 WIDE_ROW_CHUNK = 4096
@@ -329,7 +328,7 @@ def _kth_largest_key(keys, k, tight, loose, largest, smallest, live, seed_lo, se
     those (`_emit_ranked` ranks them).
     On rows of normals this takes ~4 rounds where a 2-bit radix search took 6-6.4 (k 512)
     and 10.7 (the select at k 2048); on clustered or tie-heavy keys up to ~18, where the
-    radix search took at most 16 (BENCHMARKS.md session 8).
+    radix search took at most 16.
     Seeds (seed_hi > 0): the first round's trials are seed_lo, seed_hi + 1 and their middle
     (cut into the bracket) instead of interpolated ones. Keys near t* on both sides (the
     floor's, from `_maxima_range`) save the rounds the interpolation spends narrowing a wide
@@ -923,7 +922,7 @@ def _collect_groups(
     # zeroed) is above the floor, nor, by the second test, tied with it.
     # Software pipeline: step i + 2's group ids load while step i is counted and stored,
     # and are first read a step later; so are step i + 1's floats, issued here too
-    # (tools/compile_sm90.py --loads at 9897f4d: first read ~360 instructions later).
+    # (tools/compile_sm90.py --loads: first read ~360 instructions later).
     group = _listed(group_list, 0, listed, TG, PARTS)
     col, value = _group_tile(src, n, group, 0, listed, G, TG, PARTS, QUADS)
     group = _listed(group_list, TG, listed, TG, PARTS)
@@ -1147,7 +1146,7 @@ def topk_per_row(
     *,
     config: TopkConfig | None = None,
 ) -> None:
-    """Triton `topk_per_row` (OPS_CONTRACT op 2; arguments validated by the wrapper).
+    """Triton `topk_per_row` (docs/contract.md section 5.2; arguments validated by the wrapper).
 
     out[r] gets the columns of the k largest of logits[r, :clamp(lengths[r], 0, W)] in any
     order, -1 padded; -inf is never picked. `config` overrides `default_config(k, rows, W)`
