@@ -295,7 +295,7 @@ def candidate_consumer(
             q_scale[start:end],
             kv_cache,
             weights[start:end],
-            launch.context_lens,
+            launch.context_len,
             launch.block_table,
             positions,
             live,

@@ -19,8 +19,11 @@ class PrefillChunk:
     `block_table` holds the chunk's requests' rows (`[num_reqs, max_blocks]`, a view);
     `cu_seqlen_ks` / `cu_seqlen_ke` are per row (`[token_end - token_start]`, int32): start and
     exclusive end of the row's visible keys in the concatenation of the chunk's requests'
-    compressed contexts, so `ke - ks` is the row end. `request_start` is the step index of the
-    chunk's first request.
+    compressed contexts, so `ke - ks` is the row end. These are the seed's fields, and all a
+    chunk needs: its first request (block-table row 0) is the request holding row
+    `token_start` in the step's `query_start_loc`, and its requests are that one and the next
+    `num_reqs - 1`. `request_start`, optional, names the step index of that first request;
+    planning checks it against `token_start` and never reads anything else from it.
     """
 
     token_start: int
@@ -29,7 +32,7 @@ class PrefillChunk:
     block_table: torch.Tensor
     cu_seqlen_ks: torch.Tensor
     cu_seqlen_ke: torch.Tensor
-    request_start: int = 0
+    request_start: int | None = None
 
     @property
     def num_rows(self) -> int:
@@ -63,14 +66,15 @@ class GatherLaunch:
     """One candidate-consumer prefill launch over rows `[token_start, token_end)`.
 
     All rows belong to one request: `block_table` is its row (`[1, max_blocks]`),
-    `context_lens` its compressed context (`[1]`), `row_ends` its rows' ends (`[rows]`).
+    `context_len` its compressed context (`[1]`, the seed's name), `row_ends` its rows' ends
+    (`[rows]`).
     `pool` names the pool slot that the first consumer layer fills and later layers reuse.
     """
 
     token_start: int
     token_end: int
     block_table: torch.Tensor
-    context_lens: torch.Tensor
+    context_len: torch.Tensor
     row_ends: torch.Tensor
     pool: int
 

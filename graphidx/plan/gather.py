@@ -40,7 +40,9 @@ def plan_gather_launches(
     request and starts where the last one ended; a non-gathering chunk breaks every run), and
     each run is cut into launches of at most `max_rows` rows. A launch carries its absolute
     rows, the request's block-table row (`[1, max_blocks]` view), its compressed context
-    (`[1]` view), its rows' `row_ends` (`[rows]`) and `pool`, the launch's index.
+    `context_len` (`[1]` view), its rows' `row_ends` (`[rows]`) and `pool`, the launch's
+    index. A piece's step request is `plan.first_request` plus its block-table index less that
+    of `plan.requests[0]` (the request holding the chunk's `token_start`).
 
     `row_ends` is a view of the plans' `row_ends` when the launch lies in one chunk or the
     chunks' row ends are adjacent in one storage (the builder's case); otherwise the pieces are
@@ -57,8 +59,11 @@ def plan_gather_launches(
         if not plan.use_gather:
             last = None
             continue
+        # `requests` index the chunk's block table; its first entry is the request holding
+        # `token_start`, which is `first_request`.
+        base = plan.first_request - plan.requests[0][2] if plan.requests else 0
         for lo, hi, req in plan.requests:
-            request = chunk.request_start + req
+            request = base + req
             start, end = chunk.token_start + lo, chunk.token_start + hi
             if last is None or last.request != request or last.token_end != start:
                 last = _Run(request, start, start)
@@ -70,7 +75,7 @@ def plan_gather_launches(
     for run in runs:
         first_index, _, _, req = run.pieces[0]
         block_table = chunks[first_index].block_table[req : req + 1]
-        context_lens = plans[first_index].context_lens[req : req + 1]
+        context_len = plans[first_index].context_lens[req : req + 1]
         piece_ends = [
             plans[index].row_ends[lo - chunks[index].token_start : hi - chunks[index].token_start]
             for index, lo, hi, _ in run.pieces
@@ -101,7 +106,7 @@ def plan_gather_launches(
                     token_start=start,
                     token_end=end,
                     block_table=block_table,
-                    context_lens=context_lens,
+                    context_len=context_len,
                     row_ends=row_ends,
                     pool=len(launches),
                 )

@@ -1,8 +1,8 @@
 """Prefill planning (SPEC 3.3): the logits-budget split, chunk construction, launch plans.
 
-Coordinates: `split_prefill_chunks` returns row slices relative to the first row of the
-requests it was given (prefill-relative); `build_prefill_chunks` adds the step row of that
-request (`row_offset`) so that every `PrefillChunk` and everything planned from it
+Coordinates: `split_prefill_chunks` returns row slices counted from the first query row of
+each group (the seed's convention); `build_prefill_chunks` adds `query_start_loc` of the
+group's first request, so that every `PrefillChunk` and everything planned from it
 (`plan_prefill_chunks`, `plan_gather_launches`) uses absolute step rows.
 """
 
@@ -41,14 +41,19 @@ def split_prefill_chunks(
     """Split prefill requests into launches whose fp32 logits fit `max_logits_bytes`.
 
     `context_lens`, `query_lens`: host ints `[num_reqs]` (compressed contexts, from the upper
-    bounds, and query rows). Walk requests in order, growing a group while
-    `rows * widest_context * 4 <= max_logits_bytes` (the widest context, not the sum, counts:
-    K is read in place); a group always takes its first request. Each group's rows are cut
-    into slices of at most `rows_per_slice(max_logits_bytes, width)` rows; a group without
-    rows yields nothing. Returns `(request slice, row slice)` pairs in order: request slices
-    offset by `request_offset`, each covering the whole group; row slices relative to the
-    first row of request 0 of the input (prefill-relative). The row slices tile
-    `[0, sum(query_lens))` exactly.
+    bounds, and query rows). With `max_rows(w) = rows_per_slice(max_logits_bytes, w)`, walk
+    the requests in order; a group starts empty (`rows = width = 0`) and takes request i
+    unless `rows > 0 and rows + query_lens[i] > max_rows(max(width, context_lens[i]))` (the
+    widest context, not the sum, counts: K is read in place). So a group always takes its
+    first request, and a request of zero rows joins the group it meets unless its context
+    narrows `max_rows` below the group's rows. A group's rows are cut into
+    `[lo, min(lo + step, rows))` for `lo in range(0, rows, step)`, `step = max_rows(width)`;
+    a group without rows yields nothing.
+
+    Returns `(request slice, row slice)` pairs in order: the request slice covers the whole
+    group, offset by `request_offset`; the row slice counts from the group's first query row
+    (0 for every group). This is the seed's chunker exactly (SPEC 3.3); a caller wanting step
+    rows adds `query_start_loc` of the request slice's start.
     """
     check_positive_int("max_logits_bytes", max_logits_bytes)
     check_non_negative_int("request_offset", request_offset)
@@ -65,25 +70,21 @@ def split_prefill_chunks(
 
     out: list[tuple[slice, slice]] = []
     num_reqs = len(rows_of)
-    row_start = 0
-    first = 0
-    while first < num_reqs:
-        rows = rows_of[first]
-        width = contexts[first]
-        end = first + 1
+    end = 0
+    while end < num_reqs:
+        first = end
+        rows = width = 0
         while end < num_reqs:
-            grown_rows = rows + rows_of[end]
             grown_width = max(width, contexts[end])
-            if grown_rows * grown_width * FP32_BYTES > max_logits_bytes:
+            if rows > 0 and rows + rows_of[end] > rows_per_slice(max_logits_bytes, grown_width):
                 break
-            rows, width = grown_rows, grown_width
+            rows += rows_of[end]
+            width = grown_width
             end += 1
         requests = slice(first + request_offset, end + request_offset)
         step = rows_per_slice(max_logits_bytes, width)
-        for lo in range(row_start, row_start + rows, step):
-            out.append((requests, slice(lo, min(lo + step, row_start + rows))))
-        row_start += rows
-        first = end
+        for lo in range(0, rows, step):
+            out.append((requests, slice(lo, min(lo + step, rows))))
     return out
 
 
@@ -106,11 +107,19 @@ def build_prefill_chunks(
 ) -> list[PrefillChunk]:
     """Turn `split_prefill_chunks` output into `PrefillChunk`s with device `ks`/`ke` rows.
 
-    `splits` must tile the prefill rows `[row_offset, row_offset + n)` in order (as
-    `split_prefill_chunks` returns them, `row_offset` being `query_start_loc_cpu` of its first
-    request). For a row at absolute position p of request r in a chunk whose first request is
-    s: `ks = sum(context_lens[s:r])`, `ke = ks + (p + 1) // R` (device values). A chunk is
-    dropped when none of its rows can see a key at the upper bounds (host values) — so a
+    `splits`: `(request slice, row slice)` pairs as `split_prefill_chunks` returns them,
+    request slices in step indices, row slices counted from the first query row of their
+    request slice. A split's step rows are `query_start_loc_cpu[requests.start] + rows`; they
+    must lie inside the request slice's rows, and the splits must tile the prefill rows
+    `[row_offset, row_offset + n)` in order (`row_offset` being `query_start_loc_cpu` of the
+    first prefill request).
+
+    A chunk's requests run from the request holding its first row (so `plan_prefill_chunks`
+    finds it from `token_start`) to the end of its request slice: the slice's leading
+    requests without rows in the chunk are left out. For a row at step position p of request
+    r in a chunk whose first request is s: `ks = sum(context_lens[s:r])`,
+    `ke = ks + (seq_lens[r] - query_start_loc[r + 1] + p + 1) // R` (device values). A chunk
+    is dropped when none of its rows can see a key at the upper bounds (host values), so a
     dropped chunk certainly has none, and its rows stay untouched.
 
     Buffers: `cu_seqlen_ks_out`, `cu_seqlen_ke_out` int32 `[>= step rows]` indexed by step
@@ -120,21 +129,38 @@ def build_prefill_chunks(
     requests; device values are never read back.
     """
     check_positive_int("compress_ratio", compress_ratio)
+    check_non_negative_int("row_offset", row_offset)
     qsl = host_array(query_start_loc_cpu, "query_start_loc_cpu")
     upper = host_array(seq_lens_upper_bound, "seq_lens_upper_bound")
     if not splits:
         return []
     num_reqs = int(qsl.shape[0]) - 1
-    starts = [rows.start for _, rows in splits]
-    stops = [rows.stop for _, rows in splits]
-    if starts[0] != 0 or any(a != b for a, b in zip(stops[:-1], starts[1:], strict=True)):
-        raise ValueError("splits must tile the prefill rows in order from row 0")
-    num_rows = stops[-1]
-    row_end = row_offset + num_rows
-    if row_end > int(qsl[-1]):
+    qsl_list = qsl.tolist()
+    starts: list[int] = []
+    stops: list[int] = []
+    for i, (requests, rows) in enumerate(splits):
+        if not (0 <= requests.start < requests.stop <= num_reqs):
+            raise ValueError(
+                f"splits[{i}] requests [{requests.start}, {requests.stop}) fall outside the "
+                f"step's {num_reqs} requests"
+            )
+        if not 0 <= rows.start < rows.stop:
+            raise ValueError(f"splits[{i}] rows [{rows.start}, {rows.stop}) are empty or negative")
+        group_row = qsl_list[requests.start]
+        if group_row + rows.stop > qsl_list[requests.stop]:
+            raise ValueError(
+                f"splits[{i}] rows [{rows.start}, {rows.stop}) reach past the "
+                f"{qsl_list[requests.stop] - group_row} rows of requests "
+                f"[{requests.start}, {requests.stop})"
+            )
+        starts.append(group_row + rows.start)
+        stops.append(group_row + rows.stop)
+    if starts[0] != row_offset or any(a != b for a, b in zip(stops[:-1], starts[1:], strict=True)):
         raise ValueError(
-            f"splits cover rows up to {row_end}, past the step's {int(qsl[-1])} real rows"
+            f"splits must tile the prefill rows in order from row_offset = {row_offset}"
         )
+    row_end = stops[-1]
+    num_rows = row_end - row_offset
     if (
         cu_seqlen_ks_out.shape[0] < row_end
         or cu_seqlen_ke_out.shape[0] < row_end
@@ -144,6 +170,9 @@ def build_prefill_chunks(
         or cumsum_scratch.shape[0] < 2 * num_rows
     ):
         raise ValueError(f"prefill buffers too small for {num_rows} rows of {num_reqs} requests")
+
+    # Each chunk's first request: the one holding its first row (zero-row requests hold none).
+    firsts = (np.searchsorted(qsl, np.array(starts, dtype=np.int64), side="right") - 1).tolist()
 
     # Host index vectors per prefill row: its request, its chunk's first request, and the
     # offset that turns seq_len into the row's absolute position + 1.
@@ -155,7 +184,7 @@ def build_prefill_chunks(
     all_rows_request = np.repeat(np.arange(num_reqs, dtype=np.int32), query_lens)
     request[:] = all_rows_request[row_offset:row_end]
     chunk_first[:] = np.repeat(
-        np.array([reqs.start for reqs, _ in splits], dtype=np.int32),
+        np.array(firsts, dtype=np.int32),
         np.array(stops, dtype=np.int64) - np.array(starts, dtype=np.int64),
     )
     steps = np.arange(row_offset + 1, row_end + 1, dtype=np.int64)
@@ -179,12 +208,12 @@ def build_prefill_chunks(
         ke.div_(compress_ratio, rounding_mode="floor")
     ke.add_(ks)
 
-    qsl_list = qsl.tolist()
     upper_list = upper.tolist()
     chunks: list[PrefillChunk] = []
-    for requests, rows in splits:
-        token_start = row_offset + rows.start
-        token_end = row_offset + rows.stop
+    for (group, _), first, token_start, token_end in zip(
+        splits, firsts, starts, stops, strict=True
+    ):
+        requests = slice(first, group.stop)
         if not _sees_a_key(requests, token_start, token_end, qsl_list, upper_list, compress_ratio):
             continue
         chunks.append(
@@ -195,7 +224,7 @@ def build_prefill_chunks(
                 block_table=block_table[requests],
                 cu_seqlen_ks=cu_seqlen_ks_out[token_start:token_end],
                 cu_seqlen_ke=cu_seqlen_ke_out[token_start:token_end],
-                request_start=requests.start,
+                request_start=first,
             )
         )
     return chunks
@@ -238,15 +267,22 @@ def plan_prefill_chunks(
 ) -> list[PrefillPlan]:
     """One `PrefillPlan` per chunk (SPEC 3.3).
 
+    A chunk needs only the seed's fields (`token_start`, `token_end`, `num_reqs`,
+    `block_table`, `cu_seqlen_ks`, `cu_seqlen_ke`): its first request, the one its block
+    table's row 0 describes, is the request holding row `token_start`, found in
+    `query_start_loc`; its requests are that one and the next `num_reqs - 1`, and its rows
+    must lie inside theirs. A chunk's `request_start`, when set, must name that request.
+
     `query_start_loc`, `seq_lens_upper_bound`: the step's host offsets and upper bounds;
     `context_lens`, `query_start_loc_device`: the step's device compressed contexts and
     offsets. Per chunk: `first_request` holds row `token_start`; `requests` lists
     `(first row, end row, request)` for the chunk's requests with rows in it (rows from
-    `token_start`, request from the chunk's first); `query_start_loc` is the device offsets of
-    the chunk's requests clamped to the chunk and made local (`[num_reqs + 1]`); `width` the
-    widest `upper_bound // R`; `row_ends = ke - ks`; `block_ends = ceil(row_ends / C)` when
-    `candidate_block_size` C > 0 else None; `context_lens` a view; `use_gather` when
-    `min_gather_width` is not None and `width >= min_gather_width`.
+    `token_start`, request indexing the chunk's block table, so the first entry is
+    `(0, ., 0)`); `query_start_loc` is the device offsets of the chunk's requests clamped to
+    the chunk and made local (`[num_reqs + 1]`); `width` the widest `upper_bound // R`;
+    `row_ends = ke - ks`; `block_ends = ceil(row_ends / C)` when `candidate_block_size`
+    C > 0 else None; `context_lens` a view; `use_gather` when `min_gather_width` is not None
+    and `width >= min_gather_width`.
 
     Optional persistent outputs (device int32): `query_start_loc_out` holds the local offsets
     packed chunk after chunk (`>= sum(num_reqs + 1)` entries); `row_ends_out` and
@@ -273,7 +309,7 @@ def plan_prefill_chunks(
         chunks, described, ends, strict=True
     ):
         start, end = chunk.token_start, chunk.token_end
-        req_start, req_end = chunk.request_start, chunk.request_start + chunk.num_reqs
+        req_start, req_end = first_request, first_request + chunk.num_reqs
         source = query_start_loc_device[req_start : req_end + 1]
         if query_start_loc_out is None:
             local_qsl = source - start
@@ -303,22 +339,30 @@ def _describe(
 ) -> tuple[int, tuple[tuple[int, int, int], ...]]:
     """`(first_request, requests)` of a chunk, checking it against the step."""
     start, end = chunk.token_start, chunk.token_end
-    req_start, req_end = chunk.request_start, chunk.request_start + chunk.num_reqs
-    if not (0 <= req_start <= req_end <= num_reqs) or not (0 <= start < end <= qsl[-1]):
-        raise ValueError(
-            f"chunk rows [{start}, {end}) / requests [{req_start}, {req_end}) fall outside "
-            f"the step's {qsl[-1]} rows / {num_reqs} requests"
-        )
+    if not 0 <= start < end <= qsl[-1]:
+        raise ValueError(f"chunk rows [{start}, {end}) fall outside the step's {qsl[-1]} rows")
     first_request = bisect.bisect_right(qsl, start) - 1
+    if chunk.request_start is not None and chunk.request_start != first_request:
+        raise ValueError(
+            f"chunk request_start = {chunk.request_start} disagrees with token_start = {start}, "
+            f"which request {first_request} holds"
+        )
+    req_end = first_request + chunk.num_reqs
+    if chunk.num_reqs < 1 or req_end > num_reqs:
+        raise ValueError(
+            f"chunk num_reqs = {chunk.num_reqs} from request {first_request} (holding "
+            f"token_start = {start}) falls outside the step's {num_reqs} requests"
+        )
+    if end > qsl[req_end]:
+        raise ValueError(
+            f"chunk rows [{start}, {end}) reach past the rows of its requests "
+            f"[{first_request}, {req_end}), which end at {qsl[req_end]}"
+        )
     requests = tuple(
-        (max(qsl[r], start) - start, min(qsl[r + 1], end) - start, r - req_start)
-        for r in range(req_start, req_end)
+        (max(qsl[r], start) - start, min(qsl[r + 1], end) - start, r - first_request)
+        for r in range(first_request, req_end)
         if min(qsl[r + 1], end) > max(qsl[r], start)
     )
-    if not requests or requests[0][0] != 0 or first_request - req_start != requests[0][2]:
-        raise ValueError(
-            f"chunk rows [{start}, {end}) do not start inside its requests [{req_start}, {req_end})"
-        )
     return first_request, requests
 
 

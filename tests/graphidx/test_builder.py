@@ -333,7 +333,7 @@ def test_gather_launches_join_a_request_cut_across_chunks(gen: torch.Generator) 
         expected = [(2000 - 96 + t + 1) // 2 for t in range(launch.token_start, launch.token_end)]
         assert launch.row_ends.tolist() == expected
         assert launch.block_table.tolist() == batch.block_table[1:2].tolist()
-        assert launch.context_lens.tolist() == [1000]
+        assert launch.context_len.tolist() == [1000]
 
 
 def test_one_row_chunks_fit_the_chunk_offsets_buffer(gen: torch.Generator) -> None:
@@ -373,7 +373,7 @@ def test_buffer_addresses_never_change(gen: torch.Generator) -> None:
         for chunk in meta.chunks:
             tensors += [chunk.cu_seqlen_ks, chunk.cu_seqlen_ke, chunk.block_table]
         for launch in meta.gather_launches:
-            tensors += [launch.row_ends, launch.context_lens, launch.block_table]
+            tensors += [launch.row_ends, launch.context_len, launch.block_table]
         for tensor in tensors:
             assert tensor is not None and tensor.untyped_storage().data_ptr() in storages
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -11,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphidx.metadata import GatherLaunch, PrefillChunk, PrefillPlan
-from graphidx.plan import plan_gather_launches
+from graphidx.plan import (
+    build_prefill_chunks,
+    plan_gather_launches,
+    plan_prefill_chunks,
+    split_decodes_prefills,
+    split_prefill_chunks,
+)
 
 POISON = -777
 
@@ -28,33 +35,51 @@ class Step:
         self.context = torch.randint(1, 10**5, (n,), generator=g, dtype=torch.int32)
         self.row_ends = torch.randint(1, 10**5, (self.qsl[-1],), generator=g, dtype=torch.int32)
 
+    def holder(self, row: int) -> int:
+        """The request holding step row `row` (zero-row requests hold none)."""
+        return next(r for r in range(len(self.query_lens)) if self.qsl[r] <= row < self.qsl[r + 1])
+
     def chunk(
-        self, start: int, end: int, req_start: int, num_reqs: int, gather: bool, views: bool = True
+        self,
+        start: int,
+        end: int,
+        req_start: int,
+        num_reqs: int,
+        gather: bool,
+        views: bool = True,
+        table_from: int | None = None,
     ) -> tuple[PrefillChunk, PrefillPlan]:
-        """A chunk over rows [start, end) of requests [req_start, req_start + num_reqs)."""
+        """A chunk over rows [start, end) of the group [req_start, req_start + num_reqs).
+
+        As the builder hands it over: seed fields only, its block table starting at the
+        request holding `start` (or at `table_from`, the plan's `requests` then indexing from
+        there), and its plan per SPEC 3.3 (`first_request` holds `start`).
+        """
+        first = self.holder(start)
+        base = first if table_from is None else table_from
+        stop = req_start + num_reqs
         requests = tuple(
-            (max(self.qsl[r], start) - start, min(self.qsl[r + 1], end) - start, r - req_start)
-            for r in range(req_start, req_start + num_reqs)
+            (max(self.qsl[r], start) - start, min(self.qsl[r + 1], end) - start, r - base)
+            for r in range(base, stop)
             if min(self.qsl[r + 1], end) > max(self.qsl[r], start)
         )
         row_ends = self.row_ends[start:end]
         chunk = PrefillChunk(
             token_start=start,
             token_end=end,
-            num_reqs=num_reqs,
-            block_table=self.table[req_start : req_start + num_reqs],
+            num_reqs=stop - base,
+            block_table=self.table[base:stop],
             cu_seqlen_ks=torch.zeros(end - start, dtype=torch.int32),
             cu_seqlen_ke=row_ends,
-            request_start=req_start,
         )
         plan = PrefillPlan(
-            first_request=req_start,
+            first_request=first,
             requests=requests,
-            query_start_loc=torch.zeros(num_reqs + 1, dtype=torch.int32),
+            query_start_loc=torch.zeros(stop - base + 1, dtype=torch.int32),
             width=0,
             row_ends=row_ends if views else row_ends.clone(),
             block_ends=None,
-            context_lens=self.context[req_start : req_start + num_reqs],
+            context_lens=self.context[base:stop],
             use_gather=gather,
         )
         return chunk, plan
@@ -71,8 +96,8 @@ def _check_launch_tensors(step: Step, launches: list[GatherLaunch]) -> None:
         assert launch.token_end <= step.qsl[r + 1]  # one request per launch
         assert launch.block_table.shape == (1, 4)
         assert launch.block_table.data_ptr() == step.table[r].data_ptr()
-        assert launch.context_lens.shape == (1,)
-        assert launch.context_lens.data_ptr() == step.context[r:].data_ptr()
+        assert launch.context_len.shape == (1,)
+        assert launch.context_len.data_ptr() == step.context[r:].data_ptr()
         assert torch.equal(launch.row_ends, step.row_ends[launch.token_start : launch.token_end])
 
 
@@ -103,8 +128,8 @@ def test_non_gathering_chunk_breaks_runs() -> None:
 
 
 def test_runs_follow_requests_across_multi_request_chunks() -> None:
-    # Chunk 0 holds requests 0 and 1; request 2 spans chunks 1-2; chunk 3 lists requests 2-4
-    # but only request 4 has rows in it.
+    # Chunk 0 holds requests 0 and 1; request 2 spans chunks 1-2; chunk 3's group is requests
+    # 2-4 but only request 4 has rows in it, so the chunk starts there.
     step = Step([4, 6, 20, 0, 3])
     chunks, plans = zip(
         step.chunk(0, 10, 0, 2, True),
@@ -213,3 +238,88 @@ def test_launches_match_brute_force(
         gathered
     )
     _check_launch_tensors(step, launches)
+
+
+def test_requests_index_a_block_table_that_starts_before_the_holder() -> None:
+    # Group [1, 4): request 1 has no rows, yet the chunk's block table starts there, so the
+    # plan's requests index from request 1 while `first_request` is 2, the holder of row 4.
+    step = Step([4, 0, 6, 3])
+    chunk, plan = step.chunk(4, 13, 1, 3, True, table_from=1)
+    assert (plan.first_request, plan.requests) == (2, ((0, 6, 1), (6, 9, 2)))
+    launches = plan_gather_launches([chunk], [plan], 4)
+    assert _ranges(launches) == [(4, 8), (8, 10), (10, 13)]
+    _check_launch_tensors(step, launches)
+
+
+def _planned(
+    query_lens: list[int], seq_lens: list[int], budget: int, min_width: int, seed: int
+) -> tuple[Step, list[PrefillChunk], list[PrefillPlan]]:
+    """A step's chunks and plans as the builder makes them (next_n = 1, R = 1)."""
+    step = Step(query_lens, seed)
+    step.context = torch.tensor(seq_lens, dtype=torch.int32)
+    qsl = torch.tensor(step.qsl, dtype=torch.int32)
+    seq = torch.tensor(seq_lens, dtype=torch.int32)
+    nd, _, _, _ = split_decodes_prefills(query_lens, 1)
+    splits = split_prefill_chunks(seq_lens[nd:], query_lens[nd:], budget, request_offset=nd)
+    rows = max(step.qsl[-1], 1)
+    chunks = build_prefill_chunks(
+        splits,
+        step.qsl[nd],
+        qsl,
+        seq,
+        seq,
+        step.table,
+        step.context,
+        1,
+        cu_seqlen_ks_out=torch.empty(rows, dtype=torch.int32),
+        cu_seqlen_ke_out=torch.empty(rows, dtype=torch.int32),
+        context_cumsum_out=torch.empty(len(query_lens) + 1, dtype=torch.int64),
+        index_staging=torch.empty(3 * rows, dtype=torch.int32),
+        index_scratch=torch.empty(3 * rows, dtype=torch.int32),
+        cumsum_scratch=torch.empty(2 * rows, dtype=torch.int64),
+    )
+    # Seed fields only from here on, as a runtime following the seed hands them over.
+    chunks = [dataclasses.replace(chunk, request_start=None) for chunk in chunks]
+    plans = plan_prefill_chunks(chunks, qsl, seq, step.context, 1, 0, min_width, qsl.clone())
+    for chunk, plan in zip(chunks, plans, strict=True):
+        step.row_ends[chunk.token_start : chunk.token_end] = plan.row_ends
+    return step, chunks, plans
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 1), max_size=3),
+    st.lists(
+        st.tuples(
+            st.one_of(st.just(0), st.integers(0, 3), st.integers(0, 40)),
+            st.one_of(st.just(0), st.integers(0, 5), st.integers(0, 400)),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.one_of(st.integers(1, 64), st.integers(64, 20_000)),
+    st.integers(0, 300),
+    st.integers(1, 30),
+)
+def test_launches_over_planned_chunks_match_brute_force(
+    decodes: list[int],
+    prefills: list[tuple[int, int]],
+    budget: int,
+    min_width: int,
+    max_rows: int,
+) -> None:
+    query_lens = [*decodes, 2 + prefills[0][0], *(q for q, _ in prefills[1:])]
+    history = [3] * len(decodes) + [h for _, h in prefills]
+    seq_lens = [q + h for q, h in zip(query_lens, history, strict=True)]
+    step, chunks, plans = _planned(query_lens, seq_lens, budget, min_width, len(query_lens))
+    launches = plan_gather_launches(chunks, plans, max_rows)
+    # Brute force over the chunks as they were planned; rows of dropped chunks (no key
+    # visible) are absent, so they break runs as the planner's "starts where the last ended".
+    specs = [
+        (c.token_start, c.token_end, 0, 0, p.use_gather) for c, p in zip(chunks, plans, strict=True)
+    ]
+    assert _ranges(launches) == _expected(step, specs, max_rows)
+    _check_launch_tensors(step, launches)
+    for launch in launches:
+        r = step.holder(launch.token_start)
+        assert launch.context_len.tolist() == [seq_lens[r]]
