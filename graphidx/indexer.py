@@ -1,4 +1,5 @@
-"""The indexer layers' entry points (SPEC 6): `dense_indexer` and `candidate_consumer`.
+"""The indexer layers' entry points (docs/contract.md section 6): `dense_indexer` and
+`candidate_consumer`.
 
 Both take one step's `IndexerMetadata` (from the builder), the layer's MXFP4 Q
 (`q` uint8 `[>= num_tokens, H, D/2]`, `q_scale` uint8 `[>= num_tokens, H, D/32]`), its head
@@ -96,7 +97,7 @@ def dense_indexer(
     candidate_source: bool = False,
     backend: str | None = None,
 ) -> None:
-    """A layer that scores its rows' whole visible context (SPEC 6).
+    """A layer that scores its rows' whole visible context (docs/contract.md section 6).
 
     Decode rows: one dense launch (native next_n grouping when `metadata.decode.native`,
     else flattened rows, with the decode schedule) into the workspace's decode logits, then
@@ -199,7 +200,7 @@ def candidate_consumer(
     resolve_pool: bool,
     backend: str | None = None,
 ) -> None:
-    """A layer that scores only the candidate source's pool (SPEC 6).
+    """A layer that scores only the candidate source's pool (docs/contract.md section 6).
 
     `resolve_pool=True` (the step's first consumer) turns `workspace.candidate_ids`, written
     by this step's `dense_indexer(candidate_source=True)`, into sorted pool positions and

@@ -1,4 +1,4 @@
-"""The dataclasses the metadata builder returns (SPEC section 3).
+"""The dataclasses the metadata builder returns (docs/contract.md section 3).
 
 Tensors named here are device tensors unless the field says host. Views into the builder's
 persistent buffers are only valid until the next `build()`; a captured graph reads the
@@ -41,7 +41,7 @@ class PrefillChunk:
 
 @dataclass(frozen=True)
 class PrefillPlan:
-    """How one chunk is launched (SPEC 3.3, `plan_prefill_chunks`).
+    """How one chunk is launched (docs/contract.md section 3.3, `plan_prefill_chunks`).
 
     `requests`: `(first row, end row, request)` per request with rows in the chunk, rows
     counted from the chunk's `token_start`, `request` indexing the chunk's block table.
@@ -98,7 +98,7 @@ class NativeDecode:
 
 @dataclass(frozen=True)
 class DecodeMetadata:
-    """The flattened decode rows (SPEC 3.2), all views of persistent buffers.
+    """The flattened decode rows (docs/contract.md section 3.2), all views of persistent buffers.
 
     `row_lens`: int32 `[rows]`, each row's end (0 for padding rows); `block_table`: int32
     `[rows, max_blocks]`, the row's request's block-table row (zeros for padding rows);
