@@ -87,8 +87,23 @@ class IndexerConfig:
                 "candidate_block_size and candidate_topk_blocks must be both set or both 0, "
                 f"got {self.candidate_block_size} and {self.candidate_topk_blocks}"
             )
-        if self.sparse_logits and self.candidate_block_size == 0:
+        if self.sparse_logits:
+            self._check_sparse_logits()
+
+    def _check_sparse_logits(self) -> None:
+        """The candidate pool the consumers of a two-level indexer read: a block size
+        dividing a page and a power-of-two number of blocks (`CandidateIndexerMetadataBuilder`
+        refuses the same; it also needs a block within one tile of the cache layout)."""
+        c, blocks = self.candidate_block_size, self.candidate_topk_blocks
+        if c == 0:
             raise ValueError("sparse_logits=True needs candidate_block_size > 0, got 0")
+        if not is_power_of_two(blocks):
+            raise ValueError(f"candidate_topk_blocks must be a power of two, got {blocks}")
+        if self.page_entries % c:
+            raise ValueError(
+                f"candidate_block_size = {c} must divide page_entries = {self.page_entries} "
+                f"(block_size {self.block_size} // compress_ratio {self.compress_ratio})"
+            )
 
     # Derived quantities (SPEC section 2).
     @property

@@ -33,7 +33,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from graphidx.bench import random_block_table, random_kv_cache, random_queries
+from graphidx.bench.inputs import random_block_table, random_kv_cache, random_queries
 from graphidx.ops.kernels import gather as triton_gather
 from graphidx.ops.kernels import logits as triton_logits
 from graphidx.ops.kernels import topk as triton_topk

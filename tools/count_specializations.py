@@ -26,7 +26,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
-import graphidx.demo as demo
+import graphidx.cli.demo as demo
 import graphidx.testing as testing
 from graphidx.builder import CandidateIndexerMetadataBuilder
 from graphidx.config import IndexerConfig

@@ -176,15 +176,16 @@ def read_logits(rows=128, width=65536, per_row=True):
 def hot_pages(make_case):
     # The case with every seq's block-table row equal to seq 0's: all seqs read the same
     # pages, which stay in L2, so the kernel runs as if its key loads never went to DRAM.
-    original = bench.random_block_table
+    cases = getattr(bench, "cases", bench)  # the module whose cases read the block table
+    original = cases.random_block_table
     def shared(contexts, page_entries, device):
         table, pages = original(contexts, page_entries, device)
         return table[:1].expand_as(table).contiguous(), pages
-    bench.random_block_table = shared
+    cases.random_block_table = shared
     try:
         return make_case()
     finally:
-        bench.random_block_table = original
+        cases.random_block_table = original
 
 scope = dict(vars(bench), C=bench.Ceilings(), D=torch.device("cuda"), topk_default=topk_default,
              read_logits=read_logits, LogitsConfig=LogitsConfig,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from graphidx.bench import random_block_table, random_kv_cache, random_queries
+from graphidx.bench.inputs import random_block_table, random_kv_cache, random_queries
 from graphidx.ops.kernels import logits as triton_logits
 from graphidx.ops.kernels.logits import LogitsConfig
 from graphidx.ops.schedule import allocate_schedule, build_decode_schedule

@@ -23,8 +23,8 @@ import torch
 
 from capture import CaptureSizes
 from graphidx.batch import StepBatch
+from graphidx.cli.replay_check import run_replay_check
 from graphidx.config import IndexerConfig, cdiv
-from graphidx.replay_check import run_replay_check
 from graphidx.runner import IndexerGraphRunner, IndexerStack
 from graphidx.testing import random_kv_cache, random_layer_input
 

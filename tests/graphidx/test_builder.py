@@ -125,6 +125,14 @@ def _without_candidates(config: IndexerConfig) -> IndexerConfig:
     return broken
 
 
+def _unchecked(config: IndexerConfig, **changes: int) -> IndexerConfig:
+    """`config` with `changes` set past IndexerConfig's own checks (the builder's are tested)."""
+    broken = dataclasses.replace(config)
+    for name, value in changes.items():
+        object.__setattr__(broken, name, value)
+    return broken
+
+
 @pytest.mark.parametrize(
     ("builder", "config", "kwargs", "message"),
     [
@@ -142,13 +150,13 @@ def _without_candidates(config: IndexerConfig) -> IndexerConfig:
         ),
         (
             CandidateIndexerMetadataBuilder,
-            IndexerConfig.cpu_demo(candidate_topk_blocks=24),
+            _unchecked(IndexerConfig.cpu_demo(), candidate_topk_blocks=24),
             {},
             r"candidate_topk_blocks must be a power of two, got 24",
         ),
         (
             CandidateIndexerMetadataBuilder,
-            IndexerConfig.cpu_demo(candidate_block_size=12),
+            _unchecked(IndexerConfig.cpu_demo(), candidate_block_size=12),
             {},
             r"candidate_block_size = 12 must divide page_entries = 64",
         ),

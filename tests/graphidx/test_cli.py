@@ -1,6 +1,8 @@
-"""Smoke tests of the `graphidx` command: replay-check, demo, and every subcommand's --help.
+"""Smoke tests of the `graphidx` command: replay-check, demo, every subcommand's --help,
+--version, and the one-line errors of bad arguments.
 
-The capture subcommand has its own tests (test_capture_sweep.py).
+The capture and bench subcommands have their own tests (test_cli_capture.py,
+test_bench_report.py).
 """
 
 from __future__ import annotations
@@ -8,16 +10,18 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
+import torch
 
+import graphidx
 from graphidx.cli import build_parser, main
-
-SUBCOMMANDS = ("demo", "replay-check", "capture", "bench")
+from graphidx.cli.commands import SUBCOMMANDS, package_version
 
 
 def test_replay_check_as_a_process_prints_the_count_last_and_exits_0() -> None:
-    command = [sys.executable, "-m", "graphidx.cli", "replay-check"]
+    command = [sys.executable, "-m", "graphidx", "replay-check"]
     args = ["--backend", "tape", "--cases", "12", "--seed", "5"]
     # The child inherits TRITON_INTERPRET from conftest's setdefault on GPU-less machines.
     done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=300)
@@ -90,3 +94,73 @@ def test_bad_arguments_give_one_line_and_exit_2(capsys: pytest.CaptureFixture[st
     ]
     assert main(["replay-check", "--cases", "0", "--quiet"]) == 2
     assert "cases must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_version_as_a_process_is_the_package_version() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "graphidx", "--version"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"graphidx {package_version()}\n"
+    assert package_version() == metadata.version("graphidx") == graphidx.__version__
+
+
+def test_version_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"graphidx {package_version()}\n"
+
+
+def test_version_falls_back_to_the_module_attribute(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    assert package_version() == graphidx.__version__
+    monkeypatch.delattr(graphidx, "__version__")
+    assert package_version() == "unknown"
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
+    """The single stderr line of a refused command, without its `graphidx <cmd>: error: `."""
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    prefix = f"graphidx {command}: error: "
+    assert lines[0].startswith(prefix), lines[0]
+    assert out == ""
+    return lines[0][len(prefix) :]
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("foo", "--device foo: not a device; use cpu, cuda or cuda:N"),
+        ("cuda:x", "--device cuda:x: not a device; use cpu, cuda or cuda:N"),
+        ("meta", "--device meta: the 'meta' device type is not supported; use cpu, cuda or cuda:N"),
+    ],
+)
+@pytest.mark.parametrize("command", ["demo", "replay-check", "capture"])
+def test_a_bad_device_is_one_line_and_exit_2(
+    command: str, device: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([command, "--device", device]) == 2
+    assert _one_error_line(capsys, command) == message
+
+
+def test_a_missing_gpu_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        assert main(["demo", "--device", f"cuda:{count}"]) == 2
+        assert _one_error_line(capsys, "demo") == (
+            f"--device cuda:{count}: only {count} GPU(s) are visible"
+        )
+    else:
+        assert main(["demo", "--device", "cuda"]) == 2
+        assert _one_error_line(capsys, "demo") == "--device cuda: no CUDA/ROCm GPU is available"
+
+
+def test_verbose_shows_the_traceback_instead() -> None:
+    with pytest.raises(ValueError, match="--device foo: not a device"):
+        main(["-v", "demo", "--device", "foo"])

@@ -86,6 +86,46 @@ def test_validation(changes: dict[str, object], message: str) -> None:
         IndexerConfig(**{"num_heads": 32, **changes})  # type: ignore[arg-type]
 
 
+SPARSE = {"candidate_block_size": 8, "candidate_topk_blocks": 16, "sparse_logits": True}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {**SPARSE, "candidate_topk_blocks": 24},
+            r"^candidate_topk_blocks must be a power of two, got 24$",
+        ),
+        (
+            {**SPARSE, "candidate_block_size": 12},
+            r"^candidate_block_size = 12 must divide page_entries = 64 "
+            r"\(block_size 64 // compress_ratio 1\)$",
+        ),
+        (
+            {**SPARSE, "compress_ratio": 16, "block_size": 64},
+            r"^candidate_block_size = 8 must divide page_entries = 4 "
+            r"\(block_size 64 // compress_ratio 16\)$",
+        ),
+    ],
+)
+def test_sparse_logits_candidate_pool_is_checked_at_construction(
+    changes: dict[str, object], message: str
+) -> None:
+    """What a candidate builder would refuse later is refused by the config itself."""
+    with pytest.raises(ValueError, match=message):
+        IndexerConfig(**{"num_heads": 32, **changes})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        IndexerConfig.cpu_demo().replace(**changes)
+
+
+def test_candidate_pool_without_sparse_logits_is_not_restricted() -> None:
+    """The restrictions are those of the sparse-logits consumers, as in the builder."""
+    config = IndexerConfig(num_heads=32, candidate_block_size=12, candidate_topk_blocks=24)
+    assert config.num_candidate_cols == 288 and not config.sparse_logits
+    for preset in (IndexerConfig.cpu_demo(), IndexerConfig.deepseek_v41_flash()):
+        assert preset.sparse_logits  # the presets pass the new checks
+
+
 def test_replace_validates_again() -> None:
     c = IndexerConfig.deepseek_v32()
     assert c.replace(topk_tokens=512).topk_tokens == 512

@@ -1,4 +1,5 @@
-"""`graphidx bench` outputs without a GPU: kernels.json round trip and the plot redrawn from it."""
+"""`graphidx bench` without a GPU: kernels.json round trip, the plot redrawn from it, the table,
+the timing helpers that need no device, and the command's refusals."""
 
 from __future__ import annotations
 
@@ -8,17 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from graphidx.bench import (
-    CaseResult,
-    Ceilings,
-    _plot_label,
+from graphidx.bench.cases import read_multiples
+from graphidx.bench.report import (
     format_table,
-    launch_spans,
-    read_multiples,
+    plot_label,
     read_outputs,
     replot,
     write_outputs,
 )
+from graphidx.bench.roofline import CaseResult, Ceilings
+from graphidx.bench.timing import launch_spans
 from graphidx.cli import main
 
 
@@ -50,8 +50,8 @@ def test_kernels_json_round_trips(tmp_path: Path) -> None:
 
 
 def test_kernels_json_of_another_version_still_reads(tmp_path: Path) -> None:
-    # Runs before the tiny-kernel calibration wrote no such ceiling: it reads back as None;
-    # a ceiling this version does not know (a later one's) is left out.
+    # A ceiling missing from the file reads back as its default (None); a ceiling this
+    # version does not know is left out.
     written = write_outputs(sample_results(), Ceilings(measured_tiny_kernel_us=4.6), tmp_path, {})
     payload = json.loads(written[0].read_text())
     del payload["ceilings"]["measured_tiny_kernel_us"]
@@ -64,8 +64,8 @@ def test_kernels_json_of_another_version_still_reads(tmp_path: Path) -> None:
 
 def test_plot_label_names_the_heads_only_when_the_shape_starts_with_them() -> None:
     decode, topk, *_ = sample_results()
-    assert _plot_label(decode) == "dense decode H64"
-    assert _plot_label(topk) == "top-k 512"
+    assert plot_label(decode) == "dense decode H64"
+    assert plot_label(topk) == "top-k 512"
 
 
 def test_replot_from_json_and_through_the_cli(tmp_path: Path) -> None:
@@ -89,10 +89,82 @@ def test_plot_without_a_main_case_still_draws(tmp_path: Path) -> None:
     assert [p.name for p in written] == ["kernels.json", "roofline.png"]
 
 
-def test_replot_of_a_missing_file_says_so(tmp_path: Path) -> None:
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The single stderr line of a refused `graphidx bench`, after `graphidx bench: error: `."""
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and out == "", err
+    prefix = "graphidx bench: error: "
+    assert lines[0].startswith(prefix), lines[0]
+    return lines[0][len(prefix) :]
+
+
+def test_replot_of_a_missing_file_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = tmp_path / "nope.json"
-    with pytest.raises(SystemExit, match="no such file"):
-        main(["bench", "--replot", str(missing), "--out", str(tmp_path)])
+    assert main(["bench", "--replot", str(missing), "--out", str(tmp_path)]) == 2
+    assert _one_error_line(capsys) == f"--replot: no such file: {missing}"
+
+
+FOREIGN = {
+    "not JSON": ("{results: [", "is not JSON: "),
+    "a list": ("[1, 2]", "is not a kernels.json of graphidx bench: the top level is a list"),
+    "a capture report": (
+        json.dumps({"schema_version": 1, "preset": "cpu-demo", "graphs": []}),
+        "is not a kernels.json of graphidx bench: no list 'results'",
+    ),
+    "a row without a time": (
+        json.dumps({"meta": {}, "ceilings": {}, "results": [{"name": "x", "shape": "-"}]}),
+        "is not a kernels.json of graphidx bench: results[0] has no 'time_us'",
+    ),
+    "a row with a string time": (
+        json.dumps({"meta": {}, "ceilings": {}, "results": [{
+            "name": "x", "shape": "-", "time_us": "5", "bytes_moved": 1, "flops": 0,
+            "floor_us": 1, "check": "OK"}]}),
+        "results[0]['time_us'] = '5' has the wrong type",
+    ),
+    "a ceiling that is not a number": (
+        json.dumps({"meta": {}, "ceilings": {"copy_bytes_per_s": "fast"}, "results": []}),
+        "ceilings['copy_bytes_per_s'] = 'fast' is not a number",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", FOREIGN)
+def test_replot_of_a_foreign_file_is_one_line_and_exit_2(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text, message = FOREIGN[kind]
+    path = tmp_path / "foreign.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read_outputs(path)
+    out = tmp_path / "out"
+    assert main(["bench", "--replot", str(path), "--out", str(out)]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"--replot: {path} ") and message in line
+    assert not out.exists()  # refused before anything was written
+
+
+def test_out_that_is_a_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_outputs(sample_results(), Ceilings(), tmp_path / "run", {})
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    argv = ["bench", "--replot", str(tmp_path / "run" / "kernels.json"), "--out", str(taken)]
+    assert main(argv) == 2
+    assert _one_error_line(capsys) == f"--out {taken}: is a file, not a folder"
+
+
+def test_bench_without_a_gpu_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--out", str(tmp_path / "out")]) == 2
+    assert _one_error_line(capsys).startswith("the kernel benchmarks need a CUDA/ROCm GPU")
+    assert not (tmp_path / "out").exists()
 
 
 def test_read_kernel_takes_each_programs_max() -> None:
@@ -100,7 +172,7 @@ def test_read_kernel_takes_each_programs_max() -> None:
     program p writes the max of its BLOCK * STEPS elements, the last one's range masked."""
     import torch
 
-    from graphidx.ops.kernels.read import read_max_kernel
+    from graphidx.bench.read_kernel import read_max_kernel
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     values = torch.randn(3, 1000, generator=torch.Generator().manual_seed(3)).to(device)
@@ -160,11 +232,11 @@ def test_kernel_span_of_a_replay_sits_under_its_replay_time() -> None:
     time, which also carries the launch."""
     import torch
 
-    from graphidx.bench import _captured, kernel_span_us, time_us
+    from graphidx.bench.timing import captured, kernel_span_us, time_us
 
     values = torch.randn(64 << 20, device="cuda")
     total = torch.empty((), device="cuda")
-    graph = _captured(lambda: torch.sum(values, dim=0, out=total))
+    graph = captured(lambda: torch.sum(values, dim=0, out=total))
     span, replay = kernel_span_us(graph.replay), time_us(graph.replay)
     assert isinstance(span, float)
     assert 256e6 / 10e12 * 1e6 < span < replay  # faster than 10 TB/s is impossible

@@ -1,4 +1,9 @@
-"""The `graphidx` command: demo, replay-check, capture, bench."""
+"""The `graphidx` command's parser and entry point: demo, replay-check, capture, bench.
+
+Each subcommand's module is imported only when it runs. A bad argument or input (a
+ValueError) is printed as one line, `graphidx <command>: error: ...`, with exit status 2
+(`-v` shows the traceback instead).
+"""
 
 from __future__ import annotations
 
@@ -6,49 +11,53 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
-import torch
+from graphidx.cli.options import resolve_device
+
+SUBCOMMANDS = ("demo", "replay-check", "capture", "bench")
 
 
-def _device(name: str | None) -> torch.device:
-    if name:
-        device = torch.device(name)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise SystemExit(f"--device {name}: no CUDA/ROCm GPU is available")
-        return device
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def package_version() -> str:
+    """The installed distribution's version; `graphidx.__version__` when not installed."""
+    try:
+        return metadata.version("graphidx")
+    except metadata.PackageNotFoundError:
+        import graphidx
+
+        return str(getattr(graphidx, "__version__", "unknown"))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from graphidx.demo import run_demo
+    from graphidx.cli.demo import run_demo
 
-    ok = run_demo(_device(args.device), seed=args.seed)
+    ok = run_demo(resolve_device(args.device), seed=args.seed)
     return 0 if ok else 1
 
 
 def cmd_replay_check(args: argparse.Namespace) -> int:
-    from graphidx.replay_check import run_replay_check
+    from graphidx.cli.replay_check import run_replay_check
 
     mismatches = run_replay_check(
         backend=args.backend,
         cases=args.cases,
         seed=args.seed,
-        device=_device(args.device),
+        device=resolve_device(args.device),
         progress=not args.quiet,
     )
     return 0 if mismatches == 0 else 1
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    from graphidx.capture_sweep import run_capture_sweep
+    from graphidx.cli.capture import run_capture_sweep
 
     return run_capture_sweep(args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from graphidx.bench import main as bench_main
+    from graphidx.cli.bench import run_bench
 
-    return bench_main(args)
+    return run_bench(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="graphidx",
         description="Lightning-indexer planning, kernels and FULL-graph replay.",
     )
+    parser.add_argument("--version", action="version", version=f"graphidx {package_version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -81,7 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="kernels against the roofline (GPU)")
     bench.add_argument("--quick", action="store_true", help="1/4 of the keys and rows")
-    bench.add_argument("--sweep", action="store_true", help="also time tile-config grids")
     bench.add_argument("--out", default="graphidx-bench", help="folder for JSON + PNG")
     bench.add_argument(
         "--replot",
@@ -101,12 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ValueError as error:
-        # Bad arguments or input: one clear line, not a traceback (-v shows the traceback).
         if args.verbose:
             raise
         print(f"graphidx {args.command}: error: {error}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

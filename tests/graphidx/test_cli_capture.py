@@ -1,5 +1,5 @@
-"""`graphidx capture` (graphidx.capture_sweep): the JSON report's schema, the table, the
---max-batch warning, the progress bar, and bad arguments."""
+"""`graphidx capture` (graphidx.cli.capture): the JSON report's schema, the table, the
+--max-batch warning, the progress bar, and bad arguments refused before the sweep."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from capture import StepShape
-from graphidx.capture_sweep import (
+from graphidx.cli import capture as capture_command
+from graphidx.cli import main
+from graphidx.cli.capture import (
     SCHEMA_VERSION,
     ProgressBar,
     SweepReport,
@@ -22,7 +24,6 @@ from graphidx.capture_sweep import (
     format_report,
     sweep_settings,
 )
-from graphidx.cli import main
 from graphidx.config import IndexerConfig
 from graphidx.runner import IndexerStack
 
@@ -187,11 +188,51 @@ def test_bad_max_batch_is_refused(bad: object) -> None:
         capture_sweep(_tiny_settings(), max_batch=bad)  # type: ignore[arg-type]
 
 
-def test_cli_refuses_bad_arguments() -> None:
-    with pytest.raises(SystemExit, match="--max-batch must be >= 1, got 0"):
-        main(["capture", "--device", "cpu", "--max-batch", "0"])
+def _refused_before_the_sweep(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """Run `graphidx capture` with `argv`, a sweep that fails the test if it starts; the one
+    error line's message after `graphidx capture: error: ` (exit status 2)."""
+
+    def no_sweep(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the sweep started before the arguments were checked")
+
+    monkeypatch.setattr(capture_command, "capture_sweep", no_sweep)
+    assert main(["capture", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    prefix = "graphidx capture: error: "
+    assert err.startswith(prefix)
+    return err.strip()[len(prefix) :]
+
+
+def test_cli_refuses_bad_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = ["--device", "cpu", "--max-batch", "0"]
+    assert _refused_before_the_sweep(argv, capsys, monkeypatch) == "--max-batch must be >= 1, got 0"
     with pytest.raises(SystemExit):  # argparse: not one of the presets
         main(["capture", "--preset", "v99"])
+
+
+def test_json_into_a_missing_folder_is_refused_before_the_sweep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "no-such-folder" / "sweep.json"
+    message = _refused_before_the_sweep(
+        ["--device", "cpu", "--json", str(target)], capsys, monkeypatch
+    )
+    assert message == f"--json {target}: the folder {target.parent} does not exist"
+    assert not target.parent.exists()
+
+
+def test_json_onto_a_folder_is_refused_before_the_sweep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    message = _refused_before_the_sweep(
+        ["--device", "cpu", "--json", str(tmp_path)], capsys, monkeypatch
+    )
+    assert message == f"--json {tmp_path}: is a folder, not a file"
 
 
 def test_presets() -> None:

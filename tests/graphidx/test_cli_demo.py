@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from graphidx.demo import DemoSettings, Request, ServingSimulation
+from graphidx.cli.demo import DemoSettings, Request, ServingSimulation
 
 
 def _scheduler_only(seed: int) -> ServingSimulation:

@@ -62,6 +62,7 @@ from typing import Any, TextIO
 import torch
 
 from capture import StepShape
+from graphidx.cli.options import check_output_file, resolve_device
 from graphidx.config import IndexerConfig
 from graphidx.ops import resolve_backend
 from graphidx.runner import IndexerGraphRunner, IndexerStack
@@ -209,8 +210,8 @@ def capture_sweep(
     `max_batch`: the largest uniform decode step the runtime expects, in tokens (>= 1);
     a warning is added when it is above the largest captured size. `on_progress(i, n, shape)`
     is called with i = 0 and the first shape before the first capture, then after each
-    capture (largest shape first). The KV caches are random (every page written once), sized so that
-    the runner's dummy capture batches fit.
+    capture (largest shape first). The KV caches are random (every page written once), sized
+    so that the runner's dummy capture batches fit.
     """
     if max_batch is not None and (
         isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1
@@ -307,27 +308,16 @@ def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def _resolve_device(name: str | None) -> torch.device:
-    """`--device`, or the GPU when there is one, else the CPU."""
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"graphidx capture: --device {name}: no CUDA/ROCm GPU is available")
-    return device
-
-
 def run_capture_sweep(args: argparse.Namespace) -> int:
     """The `graphidx capture` command: `args.device`, `args.preset`, `args.max_batch`,
     `args.json_path`. Prints the table on stdout, progress and warnings on stderr; 0 on
-    success (a warning does not fail the sweep)."""
-    device = _resolve_device(args.device)
-    try:
-        settings = sweep_settings(args.preset, device)
-    except ValueError as error:
-        raise SystemExit(f"graphidx capture: {error}") from error
+    success (a warning does not fail the sweep). Bad arguments (the device, --max-batch, a
+    --json whose folder does not exist) raise ValueError before the sweep starts."""
+    device = resolve_device(args.device)
+    settings = sweep_settings(args.preset, device)
     if args.max_batch is not None and args.max_batch < 1:
-        raise SystemExit(f"graphidx capture: --max-batch must be >= 1, got {args.max_batch}")
+        raise ValueError(f"--max-batch must be >= 1, got {args.max_batch}")
+    json_path = check_output_file("--json", args.json_path) if args.json_path else None
     bar = ProgressBar(sys.stderr)
 
     def progress(done: int, total: int, shape: StepShape) -> None:
@@ -338,8 +328,8 @@ def run_capture_sweep(args: argparse.Namespace) -> int:
         print(line)
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as handle:
+    if json_path is not None:
+        with json_path.open("w", encoding="utf-8") as handle:
             json.dump(report.to_dict(), handle, indent=2)
             handle.write("\n")
         print(f"wrote {args.json_path}")

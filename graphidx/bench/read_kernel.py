@@ -1,6 +1,6 @@
-"""A bandwidth yardstick for `graphidx bench`, not an op: one pass that reads a float32 tensor
-once and writes the max of each program's chunk (the bench's `one read` case, the measured
-"one read of the logits" the top-k is compared with)."""
+"""A bandwidth yardstick, not an op: one pass that reads a float32 tensor once and writes the
+max of each program's chunk (the bench's `one read` case, the measured "one read of the
+logits" the top-k is compared with)."""
 
 from __future__ import annotations
 
