@@ -7,8 +7,8 @@ import torch
 
 from capture import CaptureSizes, StepShape
 from graphidx.builder import CandidateIndexerMetadataBuilder
+from graphidx.cli.replay_check import run_replay_check
 from graphidx.config import IndexerConfig
-from graphidx.replay_check import run_replay_check
 from graphidx.runner import IndexerGraphRunner, IndexerStack
 from graphidx.testing import StepGenerator, check_replay
 
