@@ -1,8 +1,8 @@
 """IndexerConfig: the static shape of one model's lightning indexer, and its presets.
 
 Everything here is fixed for the life of a serving process; per-step values live in
-`StepBatch`. Derived quantities (SPEC section 2) are properties so that each formula lives in
-one place.
+`StepBatch`. Derived quantities (docs/contract.md section 2) are properties so that each
+formula lives in one place.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class IndexerConfig:
                 f"(block_size {self.block_size} // compress_ratio {self.compress_ratio})"
             )
 
-    # Derived quantities (SPEC section 2).
+    # Derived quantities (docs/contract.md section 2).
     @property
     def next_n(self) -> int:
         """Query rows of a full speculative decode request: 1 + num_speculative_tokens."""
@@ -133,9 +133,9 @@ class IndexerConfig:
 
     @property
     def consumer_rows_per_launch(self) -> int:
-        """Rows of one candidate-consumer prefill launch (SPEC 3.5): its fp32 compact logits,
-        `rows x num_candidate_cols`, fit `max_logits_bytes` (and int32 indexing); 0 without
-        sparse logits."""
+        """Rows of one candidate-consumer prefill launch (docs/contract.md section 3.5): its fp32
+        compact logits, `rows x num_candidate_cols`, fit `max_logits_bytes` (and int32
+        indexing); 0 without sparse logits."""
         cols = self.num_candidate_cols
         if not self.sparse_logits or cols == 0:
             return 0
