@@ -4,10 +4,17 @@
 ragged speculative decode, steps already carrying padding, adaptive verification, mixed
 prefill + decode, pure prefill; short and long contexts) over KV caches filled with random
 MXFP4 keys. `check_replay(runner, cases)` runs each step three ways — eager and unpadded (the
-reference), eager on the padded shape, and through the runner's normal path (replaying a
-captured graph whenever the padded shape was captured) — and reports every real row whose
-top-k set differs. Padding rows must stay -1 and must change nothing a real row reads, which
-the unpadded reference checks.
+reference: the real requests alone), eager on the padded shape, and through the runner's
+normal path (replaying a captured graph whenever the padded shape was captured) — and reports
+every real row whose top-k set differs. Padding rows must stay -1 and must change nothing a
+real row reads, which the unpadded reference checks.
+
+Steps already padded by the caller come in four forms (`PADDED_KINDS`): "padded", trailing
+zero-row requests and rows past the last request, all counted real (`num_real_reqs` unset);
+and the runtimes' padding requests of SPEC 3.2a, declared by `num_real_reqs` —
+"pad-vllm-zero" (0 rows, seq_len 0, block row 0 or a stale row), "pad-vllm-arange" (next_n
+rows, seq_len 0, so seq_len < query_len) and "pad-sglang-fill1" (1 row, seq_len 1, page 0).
+A request for kind "padded" draws one of the four, and the case's kind names which.
 """
 
 from __future__ import annotations
@@ -24,7 +31,14 @@ from graphidx.config import IndexerConfig, cdiv
 from graphidx.mxfp4 import cache_layout, quantize_mxfp4, write_k_cache
 from graphidx.runner import IndexerGraphRunner, IndexerStack, LayerInput
 
-KINDS = ("decode", "ragged", "padded", "mixed", "prefill")
+RUNTIME_PADDING = {
+    "pad-vllm-zero": "zero",
+    "pad-vllm-arange": "arange",
+    "pad-sglang-fill1": "fill1",
+}
+"""Case kinds of the runtimes' padding conventions -> `graphidx.batch.PADDING_FORMS` name."""
+PADDED_KINDS = ("padded", *RUNTIME_PADDING)
+KINDS = ("decode", "ragged", "padded", "mixed", "prefill", *RUNTIME_PADDING)
 
 
 @dataclass(frozen=True)
@@ -37,7 +51,13 @@ class StepCase:
 
     @property
     def num_real_tokens(self) -> int:
-        return int(self.batch.query_start_loc_cpu[-1])
+        """Rows of the real requests (runtime padding requests' rows excluded)."""
+        return self.batch.num_real_tokens
+
+    @property
+    def reference(self) -> StepBatch:
+        """The real requests alone, unpadded: what the replayed step must agree with."""
+        return self.batch.without_padding()
 
 
 def random_kv_cache(
@@ -136,10 +156,14 @@ class StepGenerator:
 
     # -- steps
     def case(self, kind: str) -> StepCase:
-        """A random step of `kind` (one of KINDS)."""
+        """A random step of `kind` (one of KINDS; "padded" draws one of PADDED_KINDS)."""
         cfg = self.config
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if kind == "padded":
+            kind = PADDED_KINDS[int(self.rng.integers(0, len(PADDED_KINDS)))]
+        if kind in RUNTIME_PADDING:
+            return self._runtime_padded_case(kind)
         if kind in ("decode", "ragged", "padded"):
             query_lens = self._decode_query_lens(kind)
         elif kind == "mixed":
@@ -169,11 +193,53 @@ class StepGenerator:
             num_pages=self.num_pages,
             device=self.device,
         )
-        inputs = tuple(
-            random_layer_input(cfg, num_tokens, self.device, self.gen)
+        return StepCase(kind, batch, self._inputs(num_tokens))
+
+    def _inputs(self, num_tokens: int) -> tuple[LayerInput, ...]:
+        return tuple(
+            random_layer_input(self.config, num_tokens, self.device, self.gen)
             for _ in range(self.stack.num_layers)
         )
-        return StepCase(kind, batch, inputs)
+
+    def _runtime_padded_case(self, kind: str) -> StepCase:
+        """Real decodes (uniform, or now and then ragged) followed by 1-4 padding requests of
+        the runtime convention `kind`, declared by `num_real_reqs` (SPEC 3.2a)."""
+        cfg = self.config
+        next_n = cfg.next_n
+        form = RUNTIME_PADDING[kind]
+        max_reqs = self._max_reqs(next_n)
+        if max_reqs < 2:
+            raise ValueError(f"kind {kind!r} needs room for 2 requests, the config has {max_reqs}")
+        num_pad = int(self.rng.integers(1, min(4, max_reqs - 1) + 1))
+        query_lens = self._decode_query_lens("ragged" if self.rng.random() < 0.25 else "decode")
+        query_lens = query_lens[: max_reqs - num_pad] or [next_n]
+        seq_lens = [self._context(q) for q in query_lens]
+        num_real = len(query_lens)
+        pad_query, pad_seq = {"zero": (0, 0), "arange": (next_n, 0), "fill1": (1, 1)}[form]
+        table = self._block_table([*seq_lens, *([0] * num_pad)])
+        if form != "fill1" and self.rng.random() < 0.5:
+            # A stale block row: a zero-context request's row is never read.
+            table[num_real:] = torch.from_numpy(
+                self.rng.integers(0, self.num_pages, size=tuple(table[num_real:].shape))
+            ).to(table)
+        query_lens += [pad_query] * num_pad
+        seq_lens += [pad_seq] * num_pad
+        num_tokens = sum(query_lens)
+        if form == "zero":
+            # vLLM also pads the token count to the padded batch: next_n rows per request.
+            limit = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * next_n)
+            num_tokens = max(num_tokens, min(limit, len(query_lens) * next_n))
+        batch = StepBatch.from_lists(
+            cfg,
+            query_lens,
+            seq_lens,
+            table,
+            num_tokens=num_tokens,
+            num_pages=self.num_pages,
+            device=self.device,
+            num_real_reqs=num_real,
+        )
+        return StepCase(kind, batch, self._inputs(num_tokens))
 
     def _block_table(self, seq_lens: list[int]) -> torch.Tensor:
         """Random pages for each request's used entries: distinct within a request (so no
@@ -248,8 +314,11 @@ def check_replay(
 ) -> ReplayReport:
     """Run every case eager-unpadded, eager-padded and normally; compare real rows' top-k.
 
-    A mismatch names the case, layer, row and which comparison failed. Padding rows of the
-    padded runs must hold only -1.
+    The reference is `case.reference` (the real requests alone) run eagerly without padding;
+    the padded runs take `case.batch` as the caller gave it, runtime padding requests
+    included, and only their real rows (`case.num_real_tokens`) are compared. A mismatch
+    names the case, layer, row and which comparison failed. The runner's own padding rows
+    (past the real rows, up to the padded shape) must hold only -1.
     """
     report = ReplayReport()
     poison = runner.topk_buffer
@@ -259,17 +328,17 @@ def check_replay(
         # which writes nothing (a replay that does no work) cannot pass on the previous
         # run's answer.
         poison.fill_(-2)
-        ref = runner.step(case.batch, case.inputs, pad=False).topk.clone()
+        ref = runner.step(case.reference, case.inputs, pad=False).topk[:, :n].clone()
         poison.fill_(-2)
         eager = runner.step(case.batch, case.inputs, force_eager=True)
-        eager_topk = eager.topk.clone()
+        eager_topk = eager.topk[:, :n].clone()
         poison.fill_(-2)
         normal = runner.step(case.batch, case.inputs)
         report.cases += 1
         report.by_kind[case.kind] += 1
         report.replayed += int(normal.replayed)
         _compare(report, index, case.kind, ref, eager_topk, "padded eager != unpadded eager")
-        _compare(report, index, case.kind, ref, normal.topk, "replay != unpadded eager")
+        _compare(report, index, case.kind, ref, normal.topk[:, :n], "replay != unpadded eager")
         if normal.shape is not None:
             pad_rows = runner.topk_buffer[:, n : normal.shape.num_tokens]
             if bool((pad_rows != -1).any()):

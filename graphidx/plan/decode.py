@@ -120,6 +120,7 @@ def build_decode_rows(
     block_ends_out: torch.Tensor | None,
     index_staging: torch.Tensor,
     index_scratch: torch.Tensor,
+    num_real_reqs: int | None = None,
 ) -> DecodeRows:
     """Fill the flattened decode rows of SPEC 3.2 into persistent buffers.
 
@@ -127,8 +128,13 @@ def build_decode_rows(
     `[num_reqs]` and `block_table` int32 `[num_reqs, max_blocks]`; the first `num_decodes`
     requests are the decodes, their rows the first `T = query_start_loc_cpu[num_decodes]`
     rows; `num_rows >= T` rows are produced, rows `[T, num_rows)` being padding.
-    Row j of a decode request with q rows and seq_len L gets row end `(L - q + j + 1) // R`
-    and that request's block-table row; padding rows get end 0 and a zeroed row.
+    Row j of a decode request with q rows and seq_len L gets row end
+    `max(0, (L - q + j + 1) // R)` and that request's block-table row; padding rows get end 0
+    and a zeroed row. Padding rows are the rows past `T`, and the rows of every request at
+    index >= `num_real_reqs` (runtime padding requests, SPEC 3.2a; None: every request is
+    real), which therefore read no page whatever their lengths and table rows. The clamp at 0
+    makes a request with `seq_len < q` (vLLM's `arange` padding) give ends of 0, never
+    negative, even when it is not declared padding.
     `block_ends = ceil(row_lens / C)` when `candidate_block_size` C > 0.
 
     Buffers (persistent, contiguous, int32): `row_lens_out` `[>= num_rows]` on the device;
@@ -138,9 +144,12 @@ def build_decode_rows(
     `index_scratch` device `[>= 2 * T]`. The host computes index vectors from the host offsets
     only and ships them with one non-blocking copy; everything else is device ops, so host
     work is proportional to the rows, never to the context length, and nothing is copied back.
+    `num_real_reqs` is a host int: the padding requests' rows are found from the host offsets.
     Returns views `[num_rows]`, `[num_rows, max_blocks]`, `[num_rows]` of the buffers.
     """
     check_non_negative_int("num_decodes", num_decodes)
+    if num_real_reqs is not None:
+        check_non_negative_int("num_real_reqs", num_real_reqs)
     check_positive_int("compress_ratio", compress_ratio)
     check_non_negative_int("candidate_block_size", candidate_block_size)
     qsl = query_start_loc_cpu.numpy()
@@ -149,6 +158,9 @@ def build_decode_rows(
             f"num_decodes = {num_decodes} exceeds the batch's {qsl.shape[0] - 1} requests"
         )
     num_real = int(qsl[num_decodes])
+    # Rows [num_scored, num_real) belong to padding requests and are planned as padding.
+    num_scoring = num_decodes if num_real_reqs is None else min(num_real_reqs, num_decodes)
+    num_scored = int(qsl[num_scoring])
     if num_rows < num_real:
         raise ValueError(f"num_rows = {num_rows} is below the {num_real} real decode rows")
     max_blocks = int(block_table.shape[1])
@@ -167,20 +179,22 @@ def build_decode_rows(
 
     row_lens = row_lens_out[:num_rows]
     row_table = row_block_table_out.view(-1)[: num_rows * max_blocks].view(num_rows, max_blocks)
-    if num_real:
-        decode_row_index(qsl, num_decodes, index_staging.numpy())
-        scratch = index_scratch[: 2 * num_real]
-        scratch.copy_(index_staging[: 2 * num_real], non_blocking=True)
-        request = scratch[:num_real]
-        real_lens = row_lens[:num_real]
+    if num_scored:
+        decode_row_index(qsl, num_scoring, index_staging.numpy())
+        scratch = index_scratch[: 2 * num_scored]
+        scratch.copy_(index_staging[: 2 * num_scored], non_blocking=True)
+        request = scratch[:num_scored]
+        real_lens = row_lens[:num_scored]
         torch.index_select(seq_lens, 0, request, out=real_lens)
-        real_lens.add_(scratch[num_real:])
+        real_lens.add_(scratch[num_scored:])
+        # Never negative: a row of seq_len < q (or a stale length) sees nothing, not less.
+        real_lens.clamp_(min=0)
         if compress_ratio > 1:
             real_lens.div_(compress_ratio, rounding_mode="floor")
-        torch.index_select(block_table, 0, request, out=row_table[:num_real])
-    if num_rows > num_real:
-        row_lens[num_real:].zero_()
-        row_table[num_real:].zero_()
+        torch.index_select(block_table, 0, request, out=row_table[:num_scored])
+    if num_rows > num_scored:
+        row_lens[num_scored:].zero_()
+        row_table[num_scored:].zero_()
     block_ends = None
     if candidate_block_size:
         assert block_ends_out is not None

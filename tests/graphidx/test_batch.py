@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from graphidx.batch import StepBatch
+from graphidx.batch import StepBatch, padding_form
 from graphidx.config import IndexerConfig
 
 CONFIG = IndexerConfig(
@@ -289,3 +289,139 @@ def test_graph_padding_rows_allowed() -> None:
 def test_repr_is_short() -> None:
     text = repr(_make(_parts()))
     assert "num_reqs=4" in text and "num_tokens=48" in text and "(4, 16)" in text
+
+
+# Padding requests (SPEC 3.2a) ----------------------------------------------------------
+
+# CONFIG: next_n = 2, R = 2 (a seq_len-1 request sees no entry); R1 at R = 1 sees one.
+R1 = CONFIG.replace(compress_ratio=1, block_size=32)
+REAL_QUERY, REAL_SEQ = [2, 2, 1], [130, 64, 9]
+
+
+def _with_padding(
+    config: IndexerConfig,
+    padding: list[tuple[int, int]],
+    *,
+    stale: int | None = None,
+    real: tuple[list[int], list[int]] = (REAL_QUERY, REAL_SEQ),
+    **kw: Any,
+) -> StepBatch:
+    """Real requests then padding requests `(query_len, seq_len)`; with `stale`, every
+    zero-context padding block row holds that page id (a runtime's leftover row)."""
+    query_lens = [*real[0], *(q for q, _ in padding)]
+    seq_lens = [*real[1], *(s for _, s in padding)]
+    n = len(real[0])
+    base = StepBatch.from_lists(config, query_lens, seq_lens, num_pages=64, num_real_reqs=n)
+    table = base.block_table.clone()
+    if stale is not None:
+        for r, (_, seq) in enumerate(padding, start=n):
+            if seq == 0:
+                table[r] = stale
+    kw.setdefault("num_real_reqs", n)
+    kw.setdefault("num_pages", 64)
+    return StepBatch.from_lists(config, query_lens, seq_lens, table, **kw)
+
+
+@pytest.mark.parametrize("config", [CONFIG, R1], ids=["R2", "R1"])
+@pytest.mark.parametrize(
+    ("form", "padding"),
+    [
+        ("zero", (0, 0)),  # vLLM: no rows, no context, block row 0
+        ("arange", (2, 0)),  # vLLM: query_start_loc = arange(., next_n), seq_len 0
+        ("fill1", (1, 1)),  # SGLang: one row, seq_len 1, reserved page 0
+    ],
+)
+def test_each_padding_form_is_accepted(
+    config: IndexerConfig, form: str, padding: tuple[int, int]
+) -> None:
+    assert padding_form(*padding, next_n=config.next_n) == form
+    batch = _with_padding(config, [padding] * 3)
+    assert batch.num_reqs == 6 and batch.num_real_reqs == 3 and batch.num_padding_reqs == 3
+    assert batch.num_real_tokens == 5
+    assert batch.num_tokens == 5 + 3 * padding[0]
+    real = batch.without_padding()
+    assert real.num_reqs == real.num_real_reqs == 3 and real.num_tokens == 5
+    assert real.query_start_loc_cpu.tolist() == [0, 2, 4, 5]
+    assert torch.equal(real.block_table, batch.block_table[:3])
+    assert "num_real_reqs=3" in repr(batch)
+
+
+def test_forms_mix_and_stale_block_rows_of_empty_padding_are_ignored() -> None:
+    batch = _with_padding(R1, [(0, 0), (2, 0), (1, 1), (0, 0)], stale=10**6)
+    assert batch.num_padding_reqs == 4
+    assert batch.block_table[3:, 0].tolist() == [10**6, 10**6, 0, 10**6]
+
+
+def test_without_num_real_reqs_every_request_is_real() -> None:
+    batch = StepBatch.from_lists(CONFIG, [2, 0], [5, 0])
+    assert batch.num_real_reqs == 2 and batch.num_padding_reqs == 0
+    assert batch.without_padding() is batch
+    # The arange form is a real request's error unless declared padding.
+    with pytest.raises(ValueError, match=r"seq_lens\[1\] = 0 is shorter than request 1's"):
+        StepBatch.from_lists(CONFIG, [2, 2], [5, 0])
+    assert StepBatch.from_lists(CONFIG, [2, 2], [5, 0], num_real_reqs=1).num_real_reqs == 1
+
+
+def test_real_requests_stay_strict() -> None:
+    for query_lens, seq_lens, message in [
+        ([2, 2], [1, 0], r"seq_lens\[0\] = 1 is shorter than request 0's query length 2"),
+        ([2, 0], [-1, 0], r"seq_lens\[0\] = -1 is negative"),
+        ([2, 0], [5000, 0], r"seq_lens\[0\] = 5000 exceeds config.max_model_len"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            StepBatch.from_lists(
+                CONFIG,
+                query_lens,
+                seq_lens,
+                torch.zeros(2, 100, dtype=torch.int32),
+                num_real_reqs=1,
+            )
+
+
+@pytest.mark.parametrize(
+    ("padding", "message"),
+    [
+        ((0, 1), r"seq_lens\[3\] = 1 with query length 0: padding request 3"),
+        ((1, 0), r"seq_lens\[3\] = 0 with query length 1: padding request 3"),
+        ((2, 1), r"seq_lens\[3\] = 1 with query length 2: padding request 3"),
+        ((1, 2), r"seq_lens\[3\] = 2 with query length 1: padding request 3"),
+        ((2, 7), r"seq_lens\[3\] = 7 with query length 2: padding request 3"),
+    ],
+)
+def test_padding_outside_every_form_is_refused(padding: tuple[int, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _with_padding(CONFIG, [padding])
+
+
+def test_padding_with_rows_may_not_follow_a_prefill() -> None:
+    real = ([2, 40], [130, 1000])
+    assert _with_padding(CONFIG, [(0, 0), (0, 0)], real=real).num_padding_reqs == 2
+    for padding in [(2, 0), (1, 1)]:
+        with pytest.raises(
+            ValueError, match=r"query_start_loc_cpu: padding request 3 .* follows prefill request 1"
+        ):
+            _with_padding(CONFIG, [(0, 0), padding], real=real)
+
+
+def test_fill1_padding_must_sit_on_page_0() -> None:
+    batch = _with_padding(R1, [(1, 1)])
+    table = batch.block_table.clone()
+    table[3, 0] = 7
+    with pytest.raises(ValueError, match=r"block_table\[3, 0\] = 7: padding request 3"):
+        StepBatch.from_lists(R1, [2, 2, 1, 1], [130, 64, 9, 1], table, num_real_reqs=3)
+    # At R = 2 the request sees no entry, so its page is never read and not checked.
+    table = _with_padding(CONFIG, [(1, 1)]).block_table.clone()
+    table[3, 0] = 7
+    at_r2 = StepBatch.from_lists(CONFIG, [2, 2, 1, 1], [130, 64, 9, 1], table, num_real_reqs=3)
+    assert at_r2.block_table[3, 0] == 7
+
+
+@pytest.mark.parametrize("value", [-1, 4, 1.0, True])
+def test_num_real_reqs_must_be_in_range(value: object) -> None:
+    with pytest.raises(ValueError, match=r"num_real_reqs must be an int in \[0, num_reqs = 3\]"):
+        StepBatch.from_lists(CONFIG, [2, 2, 0], [5, 5, 0], num_real_reqs=value)  # type: ignore[arg-type]
+
+
+def test_padding_upper_bounds_are_checked_like_any_request() -> None:
+    with pytest.raises(ValueError, match=r"seq_lens_upper_bound\[3\] = 5000 exceeds"):
+        _with_padding(CONFIG, [(0, 0)], seq_lens_upper_bound=[*REAL_SEQ, 5000])

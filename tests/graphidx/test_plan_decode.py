@@ -8,6 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from graphidx.batch import StepBatch
+from graphidx.builder import CandidateIndexerMetadataBuilder, IndexerMetadataBuilder
+from graphidx.config import IndexerConfig
 from graphidx.plan import (
     build_decode_rows,
     decode_row_index,
@@ -310,3 +313,150 @@ def test_build_decode_rows_matches_brute_force(
     assert rows.block_table.tolist() == rows_ref
     if c:
         assert rows.block_ends is not None and rows.block_ends.tolist() == ends
+
+
+# padding conventions (SPEC 3.2a) -------------------------------------------------------
+
+# query rows and seq_len of one padding request of each convention, for a given next_n.
+PADDING = {
+    "zero": lambda next_n: (0, 0),  # vLLM: no rows, seq_len 0, block row 0
+    "arange": lambda next_n: (next_n, 0),  # vLLM: query_start_loc = arange(., next_n)
+    "fill1": lambda next_n: (1, 1),  # SGLang: seq-len fill value 1 on page 0
+}
+
+
+def _padded_step(
+    config: IndexerConfig,
+    real_query: list[int],
+    forms: list[str],
+    seed: int,
+    prefills: list[int] = (),  # type: ignore[assignment]
+) -> StepBatch:
+    """Real decodes (random contexts >= rows), optional real prefills, then one padding
+    request per entry of `forms`; zero-context padding rows hold stale random pages."""
+    g = torch.Generator().manual_seed(seed)
+    real_query = [*real_query, *prefills]
+    next_n = config.next_n
+    real_seq = [q + int(torch.randint(0, 900, (1,), generator=g)) for q in real_query]
+    padding = [PADDING[f](next_n) for f in forms]
+    query_lens = real_query + [q for q, _ in padding]
+    seq_lens = real_seq + [s for _, s in padding]
+    used = [-(-(s // config.compress_ratio) // config.page_entries) for s in real_seq]
+    table = torch.randint(0, 64, (len(query_lens), max([1, *used])), generator=g, dtype=torch.int32)
+    for r, (_, seq) in enumerate(padding, start=len(real_query)):
+        if seq:  # fill1: the reserved page 0
+            table[r] = 0
+    return StepBatch.from_lists(
+        config, query_lens, seq_lens, table, num_pages=64, num_real_reqs=len(real_query)
+    )
+
+
+_PAD_CONFIGS = {
+    (ratio, c, spec): IndexerConfig(
+        num_heads=8,
+        head_dim=64,
+        compress_ratio=ratio,
+        block_size=32 * ratio,  # one tile of entries per page
+        max_model_len=1024,
+        num_speculative_tokens=spec,
+        candidate_block_size=c,
+        candidate_topk_blocks=16 if c else 0,
+        topk_tokens=64,
+        max_num_seqs=24,
+        max_num_batched_tokens=256,
+        max_logits_bytes=16 * 1024,
+    )
+    for ratio in (1, 2, 4)
+    for c in (0, 8)
+    for spec in (0, 1, 2)
+}
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.sampled_from(sorted(_PAD_CONFIGS)),
+    st.lists(st.integers(0, 3), max_size=8),
+    st.lists(st.sampled_from(sorted(PADDING)), min_size=1, max_size=8),
+    st.integers(0, 2**31 - 1),
+)
+def test_padding_rows_are_zero_and_no_row_end_is_negative(
+    key: tuple[int, int, int], real_query: list[int], forms: list[str], seed: int
+) -> None:
+    """Every convention, mixed in any order: with `num_real_reqs` the padding requests' rows
+    are 0 with a zeroed table row and the real rows are exact; without it (every request
+    treated as real) no row end is negative either."""
+    config = _PAD_CONFIGS[key]
+    ratio, c, next_n = config.compress_ratio, config.candidate_block_size, config.next_n
+    real_query = [min(q, next_n) for q in real_query]
+    batch = _padded_step(config, real_query, forms, seed)
+    num_reqs, num_real = batch.num_reqs, batch.num_real_reqs
+    qsl = batch.query_start_loc_cpu
+    num_rows = int(qsl[-1]) + seed % 4
+    buffers = _DecodeBuffers(max_rows=64, max_cols=batch.block_table.shape[1])
+    for declared in (num_real, None):
+        buffers.poison()
+        rows = build_decode_rows(
+            qsl,
+            batch.seq_lens,
+            batch.block_table,
+            num_reqs,
+            num_rows,
+            ratio,
+            c,
+            row_lens_out=buffers.row_lens,
+            row_block_table_out=buffers.row_table,
+            block_ends_out=buffers.block_ends if c else None,
+            index_staging=buffers.staging,
+            index_scratch=buffers.scratch,
+            num_real_reqs=declared,
+        )
+        assert bool((rows.row_lens >= 0).all())
+        if c:
+            assert rows.block_ends is not None and bool((rows.block_ends >= 0).all())
+        if declared is None:
+            continue
+        lens, rows_ref, ends = _brute_force_rows(
+            real_query, batch.seq_lens[:num_real].tolist(), batch.block_table, num_rows, ratio, c
+        )
+        assert rows.row_lens.tolist() == lens
+        assert rows.block_table.tolist() == rows_ref
+        if c:
+            assert rows.block_ends.tolist() == ends
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(sorted(_PAD_CONFIGS)),
+    st.lists(st.integers(0, 3), max_size=6),
+    st.lists(st.sampled_from(sorted(PADDING)), min_size=1, max_size=6),
+    st.lists(st.integers(4, 40), max_size=2),
+    st.integers(0, 2**31 - 1),
+)
+def test_no_negative_row_end_leaves_planning(
+    key: tuple[int, int, int],
+    real_query: list[int],
+    forms: list[str],
+    prefills: list[int],
+    seed: int,
+) -> None:
+    """The builders over padded steps (decode-only, or with prefills and zero-row padding):
+    decode row ends, block ends and prefill row ends are never negative."""
+    config = _PAD_CONFIGS[key]
+    next_n = config.next_n
+    real_query = [min(q, next_n) for q in real_query]
+    prefills = [p for p in prefills if p > next_n]
+    if prefills:
+        forms = ["zero"] * len(forms)  # rows of padding may not follow a prefill
+    batch = _padded_step(config, real_query, forms, seed, prefills)
+    builder_cls = (
+        CandidateIndexerMetadataBuilder if config.has_candidates else (IndexerMetadataBuilder)
+    )
+    for full_graph in (False, True):
+        builder = builder_cls(config, "cpu", num_pages=64, full_graph_decode=full_graph)
+        meta = builder.build(batch)
+        decode = meta.decode
+        ends = [decode.row_lens, decode.block_ends] if decode is not None else []
+        for plan in meta.plans:
+            ends += [plan.row_ends, plan.block_ends]
+        for t in [*ends, meta.context_lens]:
+            assert t is None or bool((t >= 0).all())
