@@ -16,21 +16,26 @@ width: a graph runner keeps that width fixed per captured shape (as it does the 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from capture import StaticBuffers
 from graphidx.batch import StepBatch
 from graphidx.config import IndexerConfig, is_power_of_two
 from graphidx.metadata import (
     DecodeMetadata,
     GatherLaunch,
     IndexerMetadata,
+    NativeDecode,
     PrefillChunk,
     PrefillPlan,
 )
-from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
+from graphidx.ops.schedule import build_decode_schedule, derive_uniform_decode
+from graphidx.ops.schedule_format import schedule_ints
 from graphidx.plan import (
     build_decode_rows,
     build_prefill_chunks,
@@ -74,6 +79,20 @@ class _HostStaging:
             self._event.record()
 
 
+@dataclass(frozen=True)
+class CapturedDecode:
+    """A uniform decode shape's metadata and the device op that fills it.
+
+    `metadata` is fixed for the shape (views of persistent buffers; no value in it depends
+    on a step); `derive()` runs `derive_uniform_decode` (and, for flattened rows of several
+    requests' tokens, the per-row block table) from the persistent raw inputs. A graph that
+    captures `derive()` before the layers recomputes every derived value at each replay.
+    """
+
+    metadata: IndexerMetadata
+    derive: Callable[[], None]
+
+
 def canonical_device(device: torch.device | str) -> torch.device:
     """`device` with an explicit index ("cuda" becomes "cuda:<current>"), so that it
     compares equal to the device of the tensors allocated on it."""
@@ -92,7 +111,9 @@ class IndexerMetadataBuilder:
     the decode metadata will be replayed from a FULL graph, so every decode decision must
     depend on the step's shape alone (decode logits span the whole `logits_width`);
     `decode_schedule`: build the device decode work schedule every step (None: on a GPU,
-    where the Triton kernels use it; the reference kernels ignore it).
+    where the Triton kernels use it; the reference kernels ignore it). `buffers`: the
+    `StaticBuffers` that owns the persistent buffers (names prefixed "builder."), so that one
+    owner holds everything a graph reads; None: the builder's own.
     Raises `ValueError` at construction for a configuration the cache layout cannot serve.
     """
 
@@ -104,6 +125,7 @@ class IndexerMetadataBuilder:
         num_pages: int | None = None,
         full_graph_decode: bool = False,
         decode_schedule: bool | None = None,
+        buffers: StaticBuffers | None = None,
     ) -> None:
         if not isinstance(config, IndexerConfig):
             raise ValueError(f"config must be an IndexerConfig, got {type(config).__name__}")
@@ -120,6 +142,9 @@ class IndexerMetadataBuilder:
         self.num_pages = num_pages
         self.layout = self._check_config()
         self.min_gather_width: int | None = None
+        if buffers is not None and buffers.device != self.device:
+            raise ValueError(f"buffers live on {buffers.device}, the builder on {self.device}")
+        self.static = buffers if buffers is not None else StaticBuffers(self.device)
         self._allocate()
 
     # Construction.
@@ -146,34 +171,46 @@ class IndexerMetadataBuilder:
         reqs = config.max_num_seqs
         cols = config.max_blocks_per_seq
 
-        def buffer(size: int | tuple[int, ...], dtype: torch.dtype = torch.int32) -> torch.Tensor:
-            return torch.empty(size, dtype=dtype, device=self.device)
+        self._buffers: dict[str, torch.Tensor] = {}
 
-        self._buffers: dict[str, torch.Tensor] = {
-            "row_lens": buffer(rows),
-            "row_block_table": buffer((rows, cols)),
-            "context_lens": buffer(reqs),
-            "cu_seqlen_ks": buffer(rows),
-            "cu_seqlen_ke": buffer(rows),
-            "prefill_row_ends": buffer(rows),
-            # Each kept chunk holds num_reqs + 1 offsets. A group of g >= 2 requests is one
-            # chunk (g + 1 <= 1.5 g offsets); only a single-request group is cut, into chunks
-            # of >= 1 row (2 offsets each: up to 2 per row when the logits budget allows one
-            # row per launch). So 1.5 reqs + 2 rows at most.
-            "chunk_query_start_loc": buffer(2 * (reqs + rows)),
-            "context_cumsum": buffer(reqs + 1, torch.int64),
-            "decode_row_index": buffer(2 * rows),
-            "prefill_row_index": buffer(3 * rows),
-            "prefill_cumsum_pairs": buffer(2 * rows, torch.int64),
-            "gather_row_ends": buffer(rows),
-        }
+        def buffer(
+            name: str, size: int | tuple[int, ...], dtype: torch.dtype = torch.int32, fill: int = 0
+        ) -> None:
+            shape = (size,) if isinstance(size, int) else size
+            self._buffers[name] = self.static.add(f"builder.{name}", shape, dtype, fill=fill)
+
+        buffer("row_lens", rows)
+        buffer("row_block_table", (rows, cols))
+        buffer("context_lens", reqs)
+        buffer("cu_seqlen_ks", rows)
+        buffer("cu_seqlen_ke", rows)
+        buffer("prefill_row_ends", rows)
+        # Each kept chunk holds num_reqs + 1 offsets. A group of g >= 2 requests is one chunk
+        # (g + 1 <= 1.5 g offsets); only a single-request group is cut, into chunks of >= 1
+        # row (2 offsets each: up to 2 per row when the logits budget allows one row per
+        # launch). So 1.5 reqs + 2 rows at most.
+        buffer("chunk_query_start_loc", 2 * (reqs + rows))
+        buffer("context_cumsum", reqs + 1, torch.int64)
+        buffer("decode_row_index", 2 * rows)
+        buffer("prefill_row_index", 3 * rows)
+        buffer("prefill_cumsum_pairs", 2 * rows, torch.int64)
+        buffer("gather_row_ends", rows)
         if config.has_candidates:
-            self._buffers["block_ends"] = buffer(rows)
-            self._buffers["prefill_block_ends"] = buffer(rows)
+            buffer("block_ends", rows)
+            buffer("prefill_block_ends", rows)
         if self.decode_schedule:
-            # One group per decode row at most (a flattened launch), each up to logits_width.
+            # One group per decode row at most (a flattened launch), each up to logits_width;
+            # zero-filled, it reads as untrusted until built.
             groups = min(rows, reqs * config.next_n)
-            self._buffers["schedule"] = allocate_schedule(groups, config.logits_width, self.device)
+            buffer("schedule", schedule_ints(groups, config.logits_width))
+        if config.adaptive_verification and config.next_n > 1:
+            # Flattened uniform decode rows read their request's block-table row: row r
+            # belongs to request r // next_n (a fixed map, so a graph can gather with it).
+            decode_rows = min(rows, reqs * config.next_n)
+            buffer("row_request", decode_rows)
+            self._buffers["row_request"].copy_(
+                torch.arange(decode_rows, dtype=torch.int32, device=self.device) // config.next_n
+            )
         self._decode_staging = _HostStaging(2 * rows, self.device)
         self._prefill_staging = _HostStaging(3 * rows, self.device)
         self._row_table_flat = self._buffers["row_block_table"].view(-1)
@@ -212,6 +249,110 @@ class IndexerMetadataBuilder:
     ) -> tuple[bool, tuple[GatherLaunch, ...]]:
         """`(decode_use_gather, gather_launches)`; the dense indexer never gathers."""
         return False, ()
+
+    def _captured_decode_gathers(self) -> bool:
+        """Whether a captured uniform decode step's consumers gather (the dense one: never)."""
+        return False
+
+    # The captured uniform decode step.
+    def uniform_decode(
+        self,
+        num_reqs: int,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        num_live_reqs: torch.Tensor,
+        *,
+        backend: str | None = None,
+    ) -> CapturedDecode:
+        """The metadata of a uniform decode step of `num_reqs` requests of `next_n` rows.
+
+        `seq_lens` int32 `[num_reqs]`, `block_table` int32 `[num_reqs, max_blocks]` and
+        `num_live_reqs` int32 `[1]` are persistent device tensors (a graph reads them in
+        place); requests `[num_live_reqs, num_reqs)` are padding whatever their lengths
+        hold. Nothing is computed here: `derive()` fills the row ends, block ends,
+        compressed contexts and schedule on the device (one op; plus the per-row block
+        table for flattened rows under adaptive verification). The decode kernels read the
+        request block table directly (row r belongs to request r // next_n): native
+        `next_n` grouping, or one row per request when next_n is 1. Decode logits span the
+        whole `logits_width`, and candidate consumers always gather, as a FULL graph needs.
+        `backend`: the ops backend of `derive()` (None: the device's default).
+        """
+        config = self.config
+        next_n = config.next_n
+        rows = num_reqs * next_n
+        if not 0 < num_reqs <= config.max_num_seqs or rows > config.max_num_batched_tokens:
+            raise ValueError(
+                f"num_reqs = {num_reqs} ({rows} rows) must be in [1, max_num_seqs = "
+                f"{config.max_num_seqs}] with rows <= max_num_batched_tokens = "
+                f"{config.max_num_batched_tokens}"
+            )
+        for name, tensor, shape in (
+            ("seq_lens", seq_lens, (num_reqs,)),
+            ("num_live_reqs", num_live_reqs, (1,)),
+        ):
+            if tensor.dtype != torch.int32 or tuple(tensor.shape) != shape:
+                raise ValueError(
+                    f"{name} must be int32 {shape}, got {tensor.dtype} {tuple(tensor.shape)}"
+                )
+        if (
+            block_table.dtype != torch.int32
+            or block_table.dim() != 2
+            or block_table.shape[0] != num_reqs
+            or block_table.shape[1] > config.max_blocks_per_seq
+        ):
+            raise ValueError(
+                f"block_table must be int32 [{num_reqs}, <= {config.max_blocks_per_seq}], got "
+                f"{block_table.dtype} {tuple(block_table.shape)}"
+            )
+        for name, tensor in (("seq_lens", seq_lens), ("block_table", block_table)):
+            if tensor.device != self.device:
+                raise ValueError(f"{name} is on {tensor.device}, the builder on {self.device}")
+        b = self._buffers
+        context_lens = b["context_lens"][:num_reqs]
+        row_lens = b["row_lens"][:rows]
+        block_ends = b["block_ends"][:rows] if config.has_candidates else None
+        schedule = b.get("schedule")
+        flattened_rows = config.adaptive_verification and next_n > 1
+        group_rows = 1 if flattened_rows else next_n
+        native = None
+        table = block_table
+        if group_rows > 1:
+            native = NativeDecode(next_n, context_lens, block_table)
+        if flattened_rows:
+            flat = b["row_block_table"].view(-1)[: rows * block_table.shape[1]]
+            table = flat.view(rows, block_table.shape[1])
+            row_request = b["row_request"][:rows]
+
+        def derive() -> None:
+            derive_uniform_decode(
+                seq_lens,
+                num_live_reqs,
+                context_lens,
+                row_lens,
+                block_ends,
+                schedule,
+                next_n=next_n,
+                compress_ratio=config.compress_ratio,
+                candidate_block_size=config.candidate_block_size if block_ends is not None else 0,
+                group_rows=group_rows,
+                backend=backend,
+            )
+            if flattened_rows:
+                torch.index_select(block_table, 0, row_request, out=table)
+
+        decode = DecodeMetadata(row_lens, table, block_ends, native, schedule, width=None)
+        metadata = IndexerMetadata(
+            num_reqs=num_reqs,
+            num_tokens=rows,
+            num_decodes=num_reqs,
+            num_decode_tokens=rows,
+            num_prefills=0,
+            num_prefill_tokens=0,
+            context_lens=context_lens,
+            decode=decode,
+            decode_use_gather=self._captured_decode_gathers(),
+        )
+        return CapturedDecode(metadata, derive)
 
     # The step.
     def check_batch(self, batch: StepBatch) -> None:
@@ -275,6 +416,8 @@ class IndexerMetadataBuilder:
             )
         else:
             context_lens.copy_(batch.seq_lens)
+        if batch.num_real_reqs < num_reqs:  # runtime padding requests see nothing
+            context_lens[batch.num_real_reqs :].zero_()
 
         decode_rows = num_decode_tokens if num_prefills else batch.num_tokens
         decode = None
@@ -287,6 +430,7 @@ class IndexerMetadataBuilder:
                 decode_rows,
                 config.compress_ratio,
                 config.candidate_block_size,
+                num_real_reqs=batch.num_real_reqs,
                 row_lens_out=buffers["row_lens"],
                 row_block_table_out=self._row_table_flat,
                 block_ends_out=buffers.get("block_ends"),
@@ -394,8 +538,16 @@ class CandidateIndexerMetadataBuilder(IndexerMetadataBuilder):
         num_pages: int | None = None,
         full_graph_decode: bool = False,
         decode_schedule: bool | None = None,
+        buffers: StaticBuffers | None = None,
     ) -> None:
-        super().__init__(config, device, num_pages=num_pages, full_graph_decode=full_graph_decode)
+        super().__init__(
+            config,
+            device,
+            num_pages=num_pages,
+            full_graph_decode=full_graph_decode,
+            decode_schedule=decode_schedule,
+            buffers=buffers,
+        )
         self.num_candidate_cols = config.num_candidate_cols if config.sparse_logits else 0
         self.rows_per_launch = 0
         self.decode_gather_width = 0
@@ -431,6 +583,9 @@ class CandidateIndexerMetadataBuilder(IndexerMetadataBuilder):
                 f"{layout.n_per_tile} (one candidate block within one tile)"
             )
         return layout
+
+    def _captured_decode_gathers(self) -> bool:
+        return self.config.sparse_logits
 
     def _gather_plan(
         self,

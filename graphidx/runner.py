@@ -1,17 +1,23 @@
 """IndexerGraphRunner: one step of every indexer layer, replayed from a captured graph.
 
-The runner owns everything a FULL graph reads: the persistent step inputs (query offsets,
-sequence lengths, block table, and per layer q / q_scale / weights), the metadata builder and
-its buffers, the layers' workspace, the per-layer top-k output, and a `capture.GraphCache`.
-A step copies the live rows into the persistent inputs, pads a uniform decode step up to the
-next captured size (padding requests have zero query rows and zero context, their rows are
-zeroed, so they are harmless by construction), builds the metadata into the builder's
-persistent buffers, then replays the graph captured for that padded shape — or, for any other
-step, runs the very same layer code eagerly.
+The runner owns everything a FULL graph reads, in one `capture.StaticBuffers` (so the replay
+guard checks every address): the persistent step inputs (sequence lengths, block table, the
+live-request count, and per layer q / q_scale / weights), the metadata builder's buffers,
+the layers' workspace, the per-layer top-k output; and a `capture.GraphCache`.
+
+A uniform decode step (every real request has `next_n` rows) pads up to the next captured
+size. Its graph derives its own metadata: it starts with one device op that computes the row
+ends, block ends, compressed contexts and decode schedule from the persistent sequence
+lengths and live count (requests past the live count are padding: zero context, whatever
+their stale bytes hold), then runs the layers, whose kernels read the request block table
+directly. So the host's replayed step is O(1) checks, the copies of inputs the caller did
+not write in place, one scalar write and one replay. Every other step (prefill, mixed,
+ragged, above the largest size) plans on the host with the builder and runs the same layer
+code eagerly, on the caller's tensors.
 
 What the caller owns: the KV caches (one per layer, allocated once; the runner records their
 addresses and graphs read them in place) and the step's `StepBatch` and `LayerInput`s, which
-are copied, so they may be freed or reused after `step` returns.
+are copied when needed, so they may be freed or reused after `step` returns.
 """
 
 from __future__ import annotations
@@ -22,18 +28,22 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from capture import CaptureSizes, GraphCache, StaticBuffers, StepShape, get_backend
 from graphidx.batch import StepBatch
 from graphidx.builder import (
     CandidateIndexerMetadataBuilder,
+    CapturedDecode,
     IndexerMetadataBuilder,
     canonical_device,
 )
 from graphidx.config import IndexerConfig
 from graphidx.indexer import candidate_consumer, dense_indexer
 from graphidx.metadata import IndexerMetadata
+from graphidx.mxfp4.layout import cache_layout
+from graphidx.ops.backend import resolve_backend
 from graphidx.workspace import IndexerWorkspace
 
 logger = logging.getLogger("graphidx.runner")
@@ -122,29 +132,26 @@ class IndexerGraphRunner:
         compile_layers: bool = False,
         compile_backend: str | None = None,
     ) -> None:
-        """`kv_caches`: one paged uint8 cache per layer (SPEC 4), never reallocated.
-        `graph_backend`: "device" (CUDA/HIP graphs) or "tape" (any device). `ops_backend`:
-        the kernels' backend (None: the device's default). `compile_layers`: run the
-        uniform-decode layer step (captured, replayed, and its eager runs) through
+        """`kv_caches`: one paged uint8 cache per layer (docs/contract.md section 4), never
+        reallocated. `graph_backend`: "device" (CUDA/HIP graphs) or "tape" (any device).
+        `ops_backend`: the kernels' backend (None: the device's default). `compile_layers`:
+        run the uniform-decode layer step (captured, replayed, and its eager runs) through
         `torch.compile(fullgraph=True)`; other steps change structure every step and run the
         plain layers. `compile_backend`: torch.compile's backend, by default "inductor" for
         device graphs and "eager" for the tape — the tape records dispatched ops, and
-        inductor's fused kernels are not dispatched ops, so only "eager" is sound there."""
+        inductor's fused kernels are not dispatched ops, so only "eager" is sound there.
+        Raises ValueError naming the option for anything that would fail later."""
+        if not isinstance(config, IndexerConfig):
+            raise ValueError(f"config must be an IndexerConfig, got {type(config).__name__}")
+        if not isinstance(stack, IndexerStack):
+            raise ValueError(f"stack must be an IndexerStack, got {type(stack).__name__}")
         self.config = config
         self.stack = stack
         self.device = canonical_device(device)
-        if len(kv_caches) != stack.num_layers:
-            raise ValueError(
-                f"kv_caches has {len(kv_caches)} caches for {stack.num_layers} indexer layers"
-            )
-        for i, cache in enumerate(kv_caches):
-            if cache.device != self.device or cache.dtype != torch.uint8 or cache.dim() != 2:
-                raise ValueError(
-                    f"kv_caches[{i}] must be a 2-D uint8 tensor on {self.device}, got "
-                    f"{tuple(cache.shape)} {cache.dtype} on {cache.device}"
-                )
+        self._check_caches(kv_caches)
         self.kv_caches = tuple(kv_caches)
         self.num_pages = min(int(c.shape[0]) for c in kv_caches)
+        resolve_backend(ops_backend, self.device)  # an unknown or unusable backend fails here
         self.ops_backend = ops_backend
         max_rows = min(config.max_num_batched_tokens, config.max_num_seqs * config.next_n)
         self.capture_sizes = capture_sizes or CaptureSizes(
@@ -160,20 +167,57 @@ class IndexerGraphRunner:
                 f"capture size {self.capture_sizes.largest} exceeds the largest decode step "
                 f"of this config ({max_rows} rows)"
             )
-        self.builder: IndexerMetadataBuilder
-        if stack.candidate_source:
-            self.builder = CandidateIndexerMetadataBuilder(
-                config, self.device, num_pages=self.num_pages, full_graph_decode=True
-            )
-        else:
-            self.builder = IndexerMetadataBuilder(
-                config, self.device, num_pages=self.num_pages, full_graph_decode=True
-            )
-        self.workspace = IndexerWorkspace(config, self.device)
+        self.graphs = GraphCache(get_backend(graph_backend), buffers=StaticBuffers(self.device))
         self.buffers = self._allocate_inputs()
-        self.graphs = GraphCache(get_backend(graph_backend), buffers=self.buffers)
+        builder_type = (
+            CandidateIndexerMetadataBuilder if stack.candidate_source else IndexerMetadataBuilder
+        )
+        self.builder: IndexerMetadataBuilder = builder_type(
+            config,
+            self.device,
+            num_pages=self.num_pages,
+            full_graph_decode=True,
+            buffers=self.buffers,
+        )
+        self.workspace = IndexerWorkspace(config, self.device, buffers=self.buffers)
         self.counters = RunnerCounters()
+        self._uniform: dict[StepShape, CapturedDecode] = {}
+        self._warned_above_largest = False
         self._decode_layers = self._compiled_layers(compile_layers, compile_backend, graph_backend)
+
+    def _check_caches(self, kv_caches: Sequence[torch.Tensor]) -> None:
+        if len(kv_caches) != self.stack.num_layers:
+            raise ValueError(
+                f"kv_caches has {len(kv_caches)} caches for {self.stack.num_layers} indexer layers"
+            )
+        cfg = self.config
+        layout = cache_layout(cfg.num_heads, cfg.head_dim, cfg.page_entries)
+        for i, cache in enumerate(kv_caches):
+            if (
+                not isinstance(cache, torch.Tensor)
+                or cache.device != self.device
+                or cache.dtype != torch.uint8
+                or cache.dim() != 2
+            ):
+                got = (
+                    f"{tuple(cache.shape)} {cache.dtype} on {cache.device}"
+                    if isinstance(cache, torch.Tensor)
+                    else type(cache).__name__
+                )
+                raise ValueError(
+                    f"kv_caches[{i}] must be a 2-D uint8 tensor on {self.device}, got {got}"
+                )
+            if cache.shape[0] < 1 or cache.shape[1] < layout.page_bytes:
+                raise ValueError(
+                    f"kv_caches[{i}] has shape {tuple(cache.shape)}: a page needs "
+                    f"{layout.page_bytes} bytes ({cfg.page_entries} entries of "
+                    f"{layout.entry_bytes}) and the cache at least one page"
+                )
+            if cache.stride(1) != 1 or cache.stride(0) < cache.shape[1]:
+                raise ValueError(
+                    f"kv_caches[{i}] must have contiguous, non-overlapping pages, got strides "
+                    f"{cache.stride()} for shape {tuple(cache.shape)}"
+                )
 
     def _compiled_layers(
         self, compile_layers: bool, compile_backend: str | None, graph_backend: str
@@ -195,12 +239,13 @@ class IndexerGraphRunner:
 
     # ------------------------------------------------------------------ buffers
     def _allocate_inputs(self) -> StaticBuffers:
-        cfg, dev = self.config, self.device
-        buffers = StaticBuffers(dev)
+        cfg = self.config
+        buffers = self.graphs.buffers
+        assert buffers is not None
         tokens, reqs = cfg.max_num_batched_tokens, cfg.max_num_seqs
-        buffers.add("query_start_loc", (reqs + 1,), torch.int32)
         buffers.add("seq_lens", (reqs,), torch.int32)
         buffers.add("block_table", (reqs, cfg.max_blocks_per_seq), torch.int32)
+        buffers.add("num_live_reqs", (1,), torch.int32)
         h, d = cfg.num_heads, cfg.head_dim
         for i in range(self.stack.num_layers):
             buffers.add(f"q.{i}", (tokens, h, d // 2), torch.uint8)
@@ -235,8 +280,7 @@ class IndexerGraphRunner:
 
     def total_bytes(self) -> int:
         """Persistent bytes: step inputs, top-k, workspace and builder buffers."""
-        builder = sum(t.numel() * t.element_size() for t in self.builder.buffers().values())
-        return self.buffers.total_bytes() + self.workspace.total_bytes() + builder
+        return self.buffers.total_bytes()
 
     # ------------------------------------------------------------------ capture
     def capture(
@@ -247,33 +291,51 @@ class IndexerGraphRunner:
     ) -> None:
         """Capture the uniform-decode step of every size (largest first, one memory pool).
 
-        Each graph runs every indexer layer of the stack on a dummy uniform batch of that
-        size; later steps of the same padded shape replay it with their own data.
+        Each graph derives the step's metadata on the device and runs every indexer layer of
+        the stack; later steps of the same padded shape replay it with their own data.
         """
         sizes = sizes or self.capture_sizes
         shapes = sorted((s for s in sizes.shapes() if s not in self.graphs), reverse=True)
         for i, shape in enumerate(shapes, start=1):
-            # Metadata built right before its capture: the warm-up reads this shape's rows.
             self.graphs.capture(shape, self._capture_fn(shape))
             if on_progress is not None:
                 on_progress(i, len(shapes), shape)
 
     def _capture_fn(self, shape: StepShape) -> Callable[[], None]:
-        """Load a dummy uniform batch of `shape`, build its metadata, and return the
-        function the backend captures: every layer on that (shape-only) metadata."""
-        next_n = self.config.next_n
-        # Every dummy request reads page 0: any cache of at least one page can capture.
-        dummy = StepBatch.from_lists(
-            self.config,
-            query_lens=[next_n] * shape.num_reqs,
-            seq_lens=[next_n] * shape.num_reqs,
-            block_table=torch.zeros(shape.num_reqs, 1, dtype=torch.int32, device=self.device),
-            num_pages=self.num_pages,
-            device=self.device,
-        )
-        self._load_batch(dummy, None, shape)
-        metadata = self._build(dummy, shape)
-        return lambda: self._decode_layers(metadata)
+        """Load a dummy uniform batch of `shape` (every request `next_n` tokens on page 0:
+        any cache of one page can capture) and return the callable the backend captures."""
+        reqs = shape.num_reqs
+        b = self.buffers
+        b["seq_lens"][:reqs].fill_(self.config.next_n)
+        b["block_table"][:reqs].zero_()
+        b["num_live_reqs"].fill_(reqs)
+        return self._uniform_step(shape)
+
+    def _uniform_step(self, shape: StepShape) -> Callable[[], None]:
+        """The uniform decode step of `shape`: derive its metadata, then every layer."""
+        captured = self._uniform_decode(shape)
+        layers = self._decode_layers
+
+        def step() -> None:
+            captured.derive()
+            layers(captured.metadata)
+
+        return step
+
+    def _uniform_decode(self, shape: StepShape) -> CapturedDecode:
+        """The shape's metadata over the persistent inputs, made once per shape."""
+        captured = self._uniform.get(shape)
+        if captured is None:
+            b, reqs = self.buffers, shape.num_reqs
+            captured = self.builder.uniform_decode(
+                reqs,
+                b["seq_lens"][:reqs],
+                b["block_table"][:reqs],
+                b["num_live_reqs"],
+                backend=self.ops_backend,
+            )
+            self._uniform[shape] = captured
+        return captured
 
     # ------------------------------------------------------------------ step
     def step(
@@ -287,53 +349,62 @@ class IndexerGraphRunner:
     ) -> StepResult:
         """Run one step of every indexer layer; return the top-k of the real rows.
 
-        A uniform decode step (every request has `next_n` query rows) is padded to the next
+        A uniform decode step (every real request has `next_n` query rows; runtime padding
+        requests after them, `batch.num_real_reqs`, are ignored) is padded to the next
         captured size and replayed when that size was captured; anything else runs eagerly
         (counted with its reason). `force_eager` runs the same padded step eagerly;
-        `pad=False` runs it unpadded (both used by the replay-correctness harness).
-        `synchronize=True` waits for the device before returning, so that `seconds` is the
-        step's wall time; by default the step returns as soon as its work is queued.
+        `pad=False` plans the real requests on the host and runs them eagerly, unpadded
+        (both used by the replay-correctness harness). `synchronize=True` waits for the
+        device before returning, so that `seconds` is the step's wall time; by default the
+        step returns as soon as its work is queued.
         """
         start = time.perf_counter()
+        if not isinstance(batch, StepBatch):
+            raise ValueError(f"batch must be a StepBatch, got {type(batch).__name__}")
         if len(layer_inputs) != self.stack.num_layers:
             raise ValueError(
                 f"layer_inputs has {len(layer_inputs)} entries for "
                 f"{self.stack.num_layers} indexer layers"
             )
         self._check_batch(batch)
-        num_real = int(batch.query_start_loc_cpu[-1])
+        offsets = batch.query_start_loc_cpu.numpy()  # host reads without torch dispatch
+        num_real = int(offsets[batch.num_real_reqs])
         for i, inp in enumerate(layer_inputs):
-            self._check_layer_input(i, inp, batch.num_tokens)
-        shape, reason = self._shape_of(batch) if pad else (None, "unpadded (pad=False)")
-        self._load_batch(batch, layer_inputs, shape)
-        metadata = self._build(batch, shape)
-        replay = shape is not None and shape in self.graphs and not force_eager
-        if replay:
-            assert shape is not None
-            self.graphs.replay(shape)
+            self._check_layer_input(i, inp, num_real)
+        shape, reason = (
+            self._shape_of(offsets, batch.num_real_reqs) if pad else (None, "unpadded (pad=False)")
+        )
+        replay = False
+        if shape is not None:
+            self._load_decode(batch, layer_inputs, num_real)
+            replay = shape in self.graphs and not force_eager
+            if replay:
+                self.graphs.replay(shape)
+            else:
+                if reason is None:
+                    reason = "forced eager" if force_eager else f"shape {shape.label} not captured"
+                if not force_eager:
+                    self.graphs.record_eager(shape, reason)
+                self._uniform_step(shape)()
         else:
-            if reason is None:
-                label = shape.label if shape is not None else "?"
-                reason = "forced eager" if force_eager else f"shape {label} not captured"
-            if not force_eager and pad:
-                self.graphs.record_eager(shape, reason)
-            # Only captured shapes use the compiled step: others vary in structure per step.
-            captured = shape is not None and shape in self.graphs
-            layers = self._decode_layers if captured else self._run_layers
-            layers(metadata)
+            if pad:
+                self.graphs.record_eager(None, reason or "?")
+            metadata = self.builder.build(batch.without_padding())
+            self._run_layers(metadata, layer_inputs)
         if synchronize and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
         padded = (shape.num_tokens if shape is not None else batch.num_tokens) - num_real
         self._count(replay, padded, None if replay else reason)
-        logger.debug(
-            "step %d: %s, %d real rows, %d padding rows%s",
-            self.counters.steps,
-            "replay" if replay else "eager",
-            num_real,
-            padded,
-            "" if replay else f" ({reason})",
-        )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "step %d: %s, %d real rows, %d padding rows%s",
+                self.counters.steps,
+                "replay" if replay else "eager",
+                num_real,
+                padded,
+                "" if replay else f" ({reason})",
+            )
         topk = self.buffers["topk"][:, :num_real]
         return StepResult(topk, shape, replay, padded, seconds, None if replay else reason)
 
@@ -347,24 +418,31 @@ class IndexerGraphRunner:
             c.eager += 1
             c.eager_reasons[reason or "?"] += 1
 
-    def _shape_of(self, batch: StepBatch) -> tuple[StepShape | None, str | None]:
-        """The padded graph key of a uniform decode step, or None and why not."""
+    def _shape_of(self, offsets: np.ndarray, live: int) -> tuple[StepShape | None, str | None]:
+        """The padded graph key of a uniform decode step (host `offsets`, `live` real
+        requests), or None and why not."""
         next_n = self.config.next_n
-        query_lens = batch.query_lens_cpu
-        if batch.num_reqs == 0 or bool((query_lens != next_n).any()):
+        tokens = int(offsets[live])
+        if live == 0 or tokens != live * next_n:
             return None, "not a uniform decode step"
-        if batch.num_tokens != batch.num_reqs * next_n:
-            return None, "step already carries padding rows"
-        shape = self.capture_sizes.pad(batch.num_tokens)
+        if live > 1 and bool((np.diff(offsets[: live + 1]) != next_n).any()):
+            return None, "not a uniform decode step"
+        shape = self.capture_sizes.pad(tokens)
         if shape is None:
-            logger.debug("%d tokens exceed the largest capture size", batch.num_tokens)
+            if not self._warned_above_largest:
+                logger.warning(
+                    "%d tokens exceed the largest capture size (%d): such steps run eagerly",
+                    tokens,
+                    self.capture_sizes.largest,
+                )
+                self._warned_above_largest = True
             return None, "above the largest capture size"
         return shape, None
 
     def _check_batch(self, batch: StepBatch) -> None:
-        """The caller's batch must have been validated against this runner's config and
-        cache: the padded copy the builder sees is rebuilt from the persistent inputs, so
-        its own checks cannot see the caller's config, page count or table width."""
+        """O(1) checks: the caller's batch must have been validated against this runner's
+        config and cache (the captured step reads the persistent copies, whose own checks
+        cannot see the caller's config, page count or table width)."""
         self.builder.check_batch(batch)
         if batch.num_pages is None or batch.num_pages > self.num_pages:
             raise ValueError(
@@ -373,6 +451,8 @@ class IndexerGraphRunner:
             )
 
     def _check_layer_input(self, i: int, inp: LayerInput, num_tokens: int) -> None:
+        if not isinstance(inp, LayerInput):
+            raise ValueError(f"layer_inputs[{i}] must be a LayerInput, got {type(inp).__name__}")
         cfg = self.config
         want = {
             "q": ((cfg.num_heads, cfg.head_dim // 2), torch.uint8),
@@ -392,70 +472,40 @@ class IndexerGraphRunner:
                 )
 
     # ------------------------------------------------------------------ internals
-    def _load_batch(
-        self,
-        batch: StepBatch,
-        layer_inputs: Sequence[LayerInput] | None,
-        shape: StepShape | None,
+    def _load_decode(
+        self, batch: StepBatch, layer_inputs: Sequence[LayerInput], num_real: int
     ) -> None:
-        """Copy the step into the persistent inputs; zero the padding requests and rows."""
-        n = batch.num_reqs
-        reqs = shape.num_reqs if shape is not None else n
-        tokens = shape.num_tokens if shape is not None else batch.num_tokens
-        real_tokens = int(batch.query_start_loc_cpu[-1])
+        """Copy a uniform decode step's raw inputs into the persistent buffers (what is
+        already in place is not copied) and write the live-request count. Padding requests
+        and rows are left as they are: the graph gives them zero context."""
         b = self.buffers
-        qsl = b["query_start_loc"]
-        qsl[: n + 1].copy_(batch.query_start_loc, non_blocking=True)
-        b["seq_lens"][:n].copy_(batch.seq_lens, non_blocking=True)
-        width = batch.block_table.shape[1]
-        b["block_table"][:n, :width].copy_(batch.block_table, non_blocking=True)
-        if reqs > n:  # padding requests: no rows, no context, no pages
-            qsl[n + 1 : reqs + 1].fill_(real_tokens)
-            b["seq_lens"][n:reqs].zero_()
-            b["block_table"][n:reqs].zero_()
-        if layer_inputs is None:
-            return
+        live = batch.num_real_reqs
+        _copy_rows(b["seq_lens"], batch.seq_lens, live)
+        _copy_rows(b["block_table"], batch.block_table, live)
+        b["num_live_reqs"].fill_(live)
         for i, inp in enumerate(layer_inputs):
-            for name in ("q", "q_scale", "weights"):
-                dst, src = b[f"{name}.{i}"], getattr(inp, name)
-                if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
-                    dst[:real_tokens].copy_(src[:real_tokens], non_blocking=True)
-                if tokens > real_tokens:
-                    dst[real_tokens:tokens].zero_()
+            _copy_rows(b[f"q.{i}"], inp.q, num_real)
+            _copy_rows(b[f"q_scale.{i}"], inp.q_scale, num_real)
+            _copy_rows(b[f"weights.{i}"], inp.weights, num_real)
 
-    def _build(self, batch: StepBatch, shape: StepShape | None) -> IndexerMetadata:
-        """Build metadata for the (padded) step over the persistent inputs."""
-        n = batch.num_reqs
-        reqs = shape.num_reqs if shape is not None else n
-        tokens = shape.num_tokens if shape is not None else batch.num_tokens
-        real_tokens = int(batch.query_start_loc_cpu[-1])
-        qsl_cpu = torch.full((reqs + 1,), real_tokens, dtype=torch.int32)
-        qsl_cpu[: n + 1] = batch.query_start_loc_cpu
-        upper = torch.zeros(reqs, dtype=torch.int32)
-        upper[:n] = batch.seq_lens_upper_bound
-        b = self.buffers
-        padded = StepBatch(
-            qsl_cpu,
-            upper,
-            b["query_start_loc"][: reqs + 1],
-            b["seq_lens"][:reqs],
-            b["block_table"][:reqs],
-            config=self.config,
-            num_tokens=tokens,
-            validate=False,
-        )
-        return self.builder.build(padded)
-
-    def _run_layers(self, metadata: IndexerMetadata) -> None:
-        """Every indexer layer of the stack, in order, on the persistent inputs."""
+    def _run_layers(
+        self, metadata: IndexerMetadata, layer_inputs: Sequence[LayerInput] | None = None
+    ) -> None:
+        """Every indexer layer of the stack, in order: on the persistent inputs, or on
+        `layer_inputs` (an eager step's own tensors)."""
         b, cfg, tokens = self.buffers, self.config, metadata.num_tokens
         first_consumer = True
         for i, kind in enumerate(self.stack.kinds):
+            if layer_inputs is None:
+                q, q_scale, weights = b[f"q.{i}"], b[f"q_scale.{i}"], b[f"weights.{i}"]
+            else:
+                inp = layer_inputs[i]
+                q, q_scale, weights = inp.q, inp.q_scale, inp.weights
             args = (
                 metadata,
-                b[f"q.{i}"][:tokens],
-                b[f"q_scale.{i}"][:tokens],
-                b[f"weights.{i}"][:tokens],
+                q[:tokens],
+                q_scale[:tokens],
+                weights[:tokens],
                 self.kv_caches[i],
                 b["topk"][i, :tokens],
                 self.workspace,
@@ -472,3 +522,13 @@ class IndexerGraphRunner:
                     candidate_source=kind == SOURCE,
                     backend=self.ops_backend,
                 )
+
+
+def _copy_rows(dst: torch.Tensor, src: torch.Tensor, rows: int) -> None:
+    """dst[:rows, :width] = src[:rows] unless src already is that view of dst."""
+    if src.data_ptr() == dst.data_ptr() and src.stride() == dst.stride():
+        return
+    if src.dim() == 2 and dst.dim() == 2:
+        dst[:rows, : src.shape[1]].copy_(src[:rows], non_blocking=True)
+    else:
+        dst[:rows].copy_(src[:rows], non_blocking=True)

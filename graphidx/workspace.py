@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from capture import StaticBuffers
 from graphidx.config import IndexerConfig, cdiv
 
 FLOAT32_BYTES = 4
@@ -66,11 +67,22 @@ class IndexerWorkspace:
     `compact_logits` and `compact_topk`. Absent buffers are None.
     """
 
-    def __init__(self, config: IndexerConfig, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        config: IndexerConfig,
+        device: torch.device | str,
+        *,
+        buffers: StaticBuffers | None = None,
+    ) -> None:
+        """`buffers`: the `StaticBuffers` that owns the scratch (names prefixed
+        "workspace."), so one owner holds everything a graph reads; None: the workspace's own."""
         if not isinstance(config, IndexerConfig):
             raise ValueError(f"config must be an IndexerConfig, got {type(config).__name__}")
         self.config = config
         self.device = torch.device(device)
+        if buffers is not None and buffers.device != self.device:
+            raise ValueError(f"buffers live on {buffers.device}, the workspace on {self.device}")
+        static = buffers if buffers is not None else StaticBuffers(self.device)
         tokens = config.max_num_batched_tokens
         width = config.logits_width
         self.decode_rows = min(tokens, config.max_num_seqs * config.next_n)
@@ -79,11 +91,13 @@ class IndexerWorkspace:
             FLOAT32_BYTES
         ) + tokens * (ROW_ALIGN - 1)
 
-        def buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-            return torch.empty(shape, dtype=dtype, device=self.device)
+        def buffer(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return static.add(f"workspace.{name}", shape, dtype, fill=None)
 
-        self.decode_logits = buffer((self.decode_rows * aligned(width),), torch.float32)
-        self.prefill_logits = buffer((self.prefill_elements,), torch.float32)
+        self.decode_logits = buffer(
+            "decode_logits", (self.decode_rows * aligned(width),), torch.float32
+        )
+        self.prefill_logits = buffer("prefill_logits", (self.prefill_elements,), torch.float32)
 
         self.block_scores: torch.Tensor | None = None
         self.candidate_ids: torch.Tensor | None = None
@@ -96,10 +110,10 @@ class IndexerWorkspace:
                 self.decode_rows * aligned(cdiv(width, size)),
                 cdiv(self.prefill_elements + tokens * (size - 1), size) + tokens * ROW_ALIGN,
             )
-            self.block_scores = buffer((block_elements,), torch.float32)
-            self.candidate_ids = buffer((tokens, pool_blocks), torch.int32)
-            self.pool_positions = buffer((tokens, pool_blocks), torch.int32)
-            self.live_cols = buffer((tokens,), torch.int32)
+            self.block_scores = buffer("block_scores", (block_elements,), torch.float32)
+            self.candidate_ids = buffer("candidate_ids", (tokens, pool_blocks), torch.int32)
+            self.pool_positions = buffer("pool_positions", (tokens, pool_blocks), torch.int32)
+            self.live_cols = buffer("live_cols", (tokens,), torch.int32)
 
         self.consumer_rows = consumer_rows_per_launch(config)
         self.compact_rows = 0
@@ -108,9 +122,11 @@ class IndexerWorkspace:
         if self.consumer_rows:
             self.compact_rows = max(self.decode_rows, self.consumer_rows)
             self.compact_logits = buffer(
-                (self.compact_rows, config.num_candidate_cols), torch.float32
+                "compact_logits", (self.compact_rows, config.num_candidate_cols), torch.float32
             )
-            self.compact_topk = buffer((self.compact_rows, config.topk_tokens), torch.int32)
+            self.compact_topk = buffer(
+                "compact_topk", (self.compact_rows, config.topk_tokens), torch.int32
+            )
 
     def buffers(self) -> dict[str, torch.Tensor]:
         """Every allocated buffer by name."""

@@ -1,13 +1,17 @@
-"""H200 script: the runner on device graphs — replay harness, step benchmark, capture cost.
+"""H200 script: the runner on device graphs — replay harness, step table, capture cost.
 
-    python tools/device_runner.py [--cases 1000] [--context 8192] [--out DIR]
+    python tools/device_runner.py [--cases 1000] [--preset v41|v32 ...]
+        [--context 8192 65536] [--batches 1 16 64 256] [--out DIR]
 
 1. `graphidx replay-check --backend device` over the harness shapes (`--cases` cases).
-2. A decode step of a DeepSeek-V4.1-Flash-shaped indexer stack (candidate source + 3
-   consumers, 32 heads, next_n 2, top-512, pool 2048 x 8) for batch 1..256 requests of
-   `--context` tokens: the runner's full `step()` replayed vs eager (host build, copies and
-   sync included), and the bare graph replay timed with CUDA events; capture seconds and
-   graph memory per captured size. Prints a table last and writes JSON under --out.
+2. For each preset (v41: DeepSeek-V4.1-Flash stack, candidate source + 3 consumers, 32
+   heads, next_n 2, top-512, pool 2048 x 8; v32: one DeepSeek-V3.2 layer, 64 heads, next_n 2,
+   top-2048) and context, a decode step per batch size: the runner's `step()` replayed with
+   inputs copied in and with inputs written in place (`input_views`), the bare graph replay
+   (CUDA events), the same padded step run eagerly, and the unpadded eager step (host
+   planning); every step synchronized, host work included. Capture seconds per preset.
+3. One eager `topk_per_row` call (128 x 65536, k 2048) beside the same call in a graph.
+Prints tables last and writes JSON under --out.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from graphidx.config import IndexerConfig, cdiv
 from graphidx.runner import IndexerGraphRunner, IndexerStack
 from graphidx.testing import random_kv_cache, random_layer_input
 
-BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCHES = (1, 16, 64, 256)
 
 
 def _median_ms(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
@@ -54,12 +58,26 @@ def _event_ms(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
-def bench_step(context: int, repeat: int) -> dict[str, object]:
+def _preset(name: str, context: int, max_reqs: int) -> tuple[IndexerConfig, IndexerStack]:
+    model_len = max(context, 4096)
+    if name == "v41":
+        config = IndexerConfig.deepseek_v41_flash(max_num_seqs=max_reqs, max_model_len=model_len)
+        return config, IndexerStack(candidate_source=True, consumers=3)
+    config = IndexerConfig.deepseek_v32(max_num_seqs=max_reqs, max_model_len=model_len, next_n=2)
+    return config, IndexerStack(dense=1)
+
+
+def _sorted(topk: torch.Tensor) -> torch.Tensor:
+    return torch.sort(topk.long(), -1).values
+
+
+def bench_step(
+    preset: str, context: int, batches: tuple[int, ...], repeat: int
+) -> dict[str, object]:
     device = torch.device("cuda")
-    config = IndexerConfig.deepseek_v41_flash(max_num_seqs=256, max_model_len=max(context, 4096))
-    stack = IndexerStack(candidate_source=True, consumers=3)
+    config, stack = _preset(preset, context, max(batches))
     pages_per_req = cdiv(context // config.compress_ratio, config.page_entries)
-    num_pages = 256 * pages_per_req
+    num_pages = max(batches) * pages_per_req
     gen = torch.Generator().manual_seed(0)
     caches = [random_kv_cache(config, num_pages, device, gen) for _ in range(stack.num_layers)]
     runner = IndexerGraphRunner(
@@ -69,15 +87,16 @@ def bench_step(context: int, repeat: int) -> dict[str, object]:
         device,
         graph_backend="device",
         capture_sizes=CaptureSizes(
-            [b * config.next_n for b in BATCHES], max_size=512, uniform_query_len=config.next_n
+            [b * config.next_n for b in batches],
+            max_size=max(batches) * config.next_n,
+            uniform_query_len=config.next_n,
         ),
     )
     start = time.perf_counter()
     runner.capture()
     capture_total = time.perf_counter() - start
-    stats = runner.graphs.stats().to_dict()
     rows = []
-    for b in BATCHES:
+    for b in batches:
         table = torch.arange(b * pages_per_req, dtype=torch.int32).view(b, pages_per_req)
         batch = StepBatch.from_lists(
             config,
@@ -87,54 +106,91 @@ def bench_step(context: int, repeat: int) -> dict[str, object]:
             num_pages=num_pages,
             device=device,
         )
+        tokens = b * config.next_n
         inputs = tuple(
-            random_layer_input(config, b * config.next_n, device, gen)
-            for _ in range(stack.num_layers)
+            random_layer_input(config, tokens, device, gen) for _ in range(stack.num_layers)
         )
-        first = runner.step(batch, inputs)
+        views = runner.input_views(tokens)
+        for view, given in zip(views, inputs, strict=True):
+            for name in ("q", "q_scale", "weights"):
+                getattr(view, name).copy_(getattr(given, name))
+        first = runner.step(batch, inputs, synchronize=True)
         assert first.replayed, f"batch {b} did not replay"
-        replay_ref = torch.sort(first.topk.long(), -1).values.clone()
-        eager = runner.step(batch, inputs, force_eager=True)
-        same = bool((torch.sort(eager.topk.long(), -1).values == replay_ref).all())
-        step_replay = _median_ms(lambda: runner.step(batch, inputs), repeat)  # noqa: B023
-        step_eager = _median_ms(
-            lambda: runner.step(batch, inputs, force_eager=True),  # noqa: B023
-            repeat,
+        want = _sorted(first.topk).clone()
+        eager = runner.step(batch, inputs, force_eager=True, synchronize=True)
+        unpadded = runner.step(batch, inputs, pad=False, synchronize=True)
+        same = bool((_sorted(eager.topk) == want).all()) and bool(
+            (_sorted(unpadded.topk) == want).all()
         )
+        figures = {
+            "step_copied_ms": lambda: runner.step(batch, inputs, synchronize=True),  # noqa: B023
+            "step_in_place_ms": lambda: runner.step(batch, views, synchronize=True),  # noqa: B023
+            "eager_padded_ms": lambda: runner.step(
+                batch,  # noqa: B023
+                views,  # noqa: B023
+                force_eager=True,
+                synchronize=True,
+            ),
+            "eager_unpadded_ms": lambda: runner.step(
+                batch,  # noqa: B023
+                inputs,  # noqa: B023
+                pad=False,
+                synchronize=True,
+            ),
+        }
+        row: dict[str, object] = {"batch": b, "tokens": tokens, "same": same}
+        for key, fn in figures.items():
+            row[key] = _median_ms(fn, repeat if "step" in key else max(3, repeat // 4))
         shape = first.shape
         assert shape is not None
-        graph_only = _event_ms(lambda: runner.graphs.replay(shape), repeat)  # noqa: B023
-        rows.append(
-            dict(
-                batch=b,
-                tokens=b * config.next_n,
-                step_replay_ms=step_replay,
-                step_eager_ms=step_eager,
-                graph_replay_ms=graph_only,
-                speedup=step_eager / step_replay,
-                replay_equals_eager=same,
-            )
-        )
+        row["graph_ms"] = _event_ms(lambda: runner.graphs.replay(shape), repeat)  # noqa: B023
+        rows.append(row)
         print(
-            f"batch {b:>3}: step replay {step_replay:.3f} ms, eager {step_eager:.3f} ms "
-            f"({step_eager / step_replay:.2f}x), graph alone {graph_only:.3f} ms, same={same}",
+            f"{preset} ctx {context} batch {b:>3}: step {row['step_copied_ms']:.3f} / in place "
+            f"{row['step_in_place_ms']:.3f} ms, graph {row['graph_ms']:.3f} ms, eager "
+            f"{row['eager_padded_ms']:.3f} / unpadded {row['eager_unpadded_ms']:.3f} ms, "
+            f"same={same}",
             flush=True,
         )
     return dict(
+        preset=preset,
         config=repr(config),
         stack=repr(stack),
         context=context,
         capture_total_s=capture_total,
-        capture=stats,
+        capture=runner.graphs.stats().to_dict(),
         rows=rows,
     )
+
+
+def bench_eager_topk(repeat: int) -> dict[str, float]:
+    """One eager `topk_per_row` call (wall, synchronized) beside the same call replayed."""
+    from graphidx.ops import topk_per_row
+
+    device = torch.device("cuda")
+    rows, cols, k = 128, 65536, 2048
+    logits = torch.randn(rows, cols, device=device)
+    lengths = torch.full((rows,), cols, dtype=torch.int32, device=device)
+    out = torch.empty(rows, k, dtype=torch.int32, device=device)
+    call = lambda: topk_per_row(logits, lengths, k, out)  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return {
+        "eager_call_ms": _median_ms(call, repeat),
+        "graph_ms": _event_ms(graph.replay, repeat),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", type=int, default=1000)
-    parser.add_argument("--context", type=int, default=8192)
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--preset", nargs="+", default=["v41", "v32"], choices=["v41", "v32"])
+    parser.add_argument("--context", type=int, nargs="+", default=[8192, 65536])
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--skip-harness", action="store_true")
     parser.add_argument("--out", default="out")
     args = parser.parse_args()
@@ -150,27 +206,40 @@ def main() -> int:
             device=torch.device("cuda"),
             progress=False,
         )
-        print(f"harness: {time.perf_counter() - start:.1f} s", flush=True)
-    result = bench_step(args.context, args.repeat)
-    result["harness_mismatches"] = mismatches
-    (out / "device_runner.json").write_text(json.dumps(result, indent=2, default=str))
-    print("\ncapture per size (device graphs, V4.1-Flash stack, source + 3 consumers):")
-    for g in result["capture"]["graphs"]:  # type: ignore[index]
-        mib = (g["num_bytes"] or 0) / 2**20
+        print(f"harness: {mismatches} mismatches, {time.perf_counter() - start:.1f} s", flush=True)
+    results = [
+        bench_step(preset, context, tuple(args.batches), args.repeat)
+        for preset in args.preset
+        for context in args.context
+    ]
+    topk = bench_eager_topk(args.repeat)
+    (out / "device_runner.json").write_text(
+        json.dumps(
+            {"steps": results, "eager_topk": topk, "harness_mismatches": mismatches},
+            indent=2,
+            default=str,
+        )
+    )
+    print(
+        f"\n{'preset':>6} {'context':>7} {'batch':>5} {'step':>7} {'in place':>8} {'graph':>7} "
+        f"{'step-graph us':>13} {'eager':>7} {'unpadded':>8} same"
+    )
+    for result in results:
+        for r in result["rows"]:  # type: ignore[attr-defined]
+            print(
+                f"{result['preset']:>6} {result['context']:>7} {r['batch']:>5} "
+                f"{r['step_copied_ms']:>7.3f} {r['step_in_place_ms']:>8.3f} "
+                f"{r['graph_ms']:>7.3f} "
+                f"{(r['step_in_place_ms'] - r['graph_ms']) * 1e3:>13.1f} "
+                f"{r['eager_padded_ms']:>7.3f} {r['eager_unpadded_ms']:>8.3f} {r['same']}"
+            )
         print(
-            f"  {g['label']:>20}: capture {g['capture_seconds']:.3f} s "
-            f"(+ warm-up {g['warmup_seconds']:.3f} s), graph memory {mib:.1f} MiB"
+            f"  capture {result['preset']} {result['context']}: {result['capture_total_s']:.1f} s"
         )
     print(
-        f"\n{'batch':>5} {'tokens':>6} {'replay ms':>10} {'eager ms':>9} {'x':>6} "
-        f"{'graph ms':>9} same"
+        f"eager topk_per_row 128 x 65536 k 2048: call {topk['eager_call_ms'] * 1e3:.1f} us, "
+        f"graph {topk['graph_ms'] * 1e3:.1f} us"
     )
-    for r in result["rows"]:  # type: ignore[union-attr]
-        print(
-            f"{r['batch']:>5} {r['tokens']:>6} {r['step_replay_ms']:>10.3f} "
-            f"{r['step_eager_ms']:>9.3f} {r['speedup']:>6.2f} {r['graph_replay_ms']:>9.3f} "
-            f"{r['replay_equals_eager']}"
-        )
     print(f"harness mismatches: {mismatches}")
     return 0 if not mismatches else 1
 

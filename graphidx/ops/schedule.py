@@ -1,52 +1,30 @@
-"""The decode work schedule (SPEC 5; OPS_CONTRACT op 7): work descriptors built on the device.
+"""The decode work schedule (docs/contract.md, ops): work descriptors built on the device.
 
-A decode step's row groups (seqs of `next_n` rows, or single rows) are cut into *items* of
-at most SPLIT = `split_keys` keys (default SCHEDULE_SPLIT_KEYS), so that `paged_mqa_logits`
-can run a fixed, persistent grid that splits one long request across the GPU as readily as
-it runs many short ones. The buffer
-has a fixed size (`allocate_schedule`), is filled on the device without a host sync, and its
-unused slots are never read, so a graph captured at one batch replays correctly at any other.
+`build_decode_schedule` fills a fixed-size buffer (`allocate_schedule`; layout in
+`graphidx.ops.schedule_format`) from `row_lens` without a host sync; its unused slots are
+never read, so a graph captured at one batch replays correctly at any other.
 
-Buffer format (int32, 1-D):
-
-    [0] item count   [1] group count   [2] next_n   [3] complete flag (1 = trusted)
-    then item i at [4 + 3i : 7 + 3i] = (group, first key, end key)
-
-Group g's span is the max over its rows of max(row_lens, 0); it gets max(1, cdiv(span,
-SPLIT)) items in key order, item j covering keys [j * SPLIT, (j + 1) * SPLIT), and its last
-item's end key is KEY_END_OPEN ("up to the group's span"): the logits kernel clips every item
-to the span it computes from the actual row ends and context lengths. Every group has at
-least one item, so a schedule left stale after row_lens changed still covers every key (it
-is only less balanced). When the items exceed the capacity, each group keeps one item and
-the spare slots are shared pro rata (items then cover whole multiples of SPLIT). A buffer
-that cannot hold one item per group is written with complete = 0, and a zero-filled buffer
-(from `allocate_schedule`) also reads as untrusted: the logits kernel then walks its static
-grid instead. The answer never depends on the schedule.
+`derive_uniform_decode` is the captured uniform-decode step's metadata in one device op: from
+the persistent request lengths and a device count of live requests it writes the compressed
+contexts, the decode row ends, the candidate block ends and the schedule, so a replayed graph
+recomputes every value it derives instead of trusting the host.
 """
 
 from __future__ import annotations
 
 import torch
 
-from graphidx.config import cdiv
-from graphidx.ops.backend import resolve_backend
+from graphidx.ops.backend import implementation, resolve_backend
+from graphidx.ops.schedule_format import (
+    KEY_END_OPEN,
+    SCHEDULE_HEADER_INTS,
+    SCHEDULE_ITEM_INTS,
+    SCHEDULE_SPLIT_KEYS,
+    SPLIT_ALIGNMENT,
+    schedule_capacity,
+    schedule_ints,
+)
 from graphidx.ops.validate import check_int, check_tensor
-
-SCHEDULE_HEADER_INTS = 4
-SCHEDULE_ITEM_INTS = 3
-SCHEDULE_SPLIT_KEYS = 2048
-"""Default keys per item."""
-
-SPLIT_ALIGNMENT = 256
-"""Items start on multiples of this: every logits tile (BLOCK_N) and candidate block divides it."""
-
-KEY_END_OPEN = 2**31 - 1
-"""End key of a group's last item: score up to the group's actual span."""
-
-
-def schedule_capacity(schedule: torch.Tensor) -> int:
-    """Items a schedule buffer can hold (from its shape)."""
-    return max(0, (schedule.shape[0] - SCHEDULE_HEADER_INTS) // SCHEDULE_ITEM_INTS)
 
 
 def _check_split_keys(split_keys: int) -> None:
@@ -73,9 +51,8 @@ def allocate_schedule(
     check_int("max_seqs", max_seqs, minimum=1)
     check_int("max_width", max_width, minimum=1)
     _check_split_keys(split_keys)
-    capacity = max_seqs * cdiv(max_width, split_keys)
     return torch.zeros(
-        SCHEDULE_HEADER_INTS + SCHEDULE_ITEM_INTS * capacity, dtype=torch.int32, device=device
+        schedule_ints(max_seqs, max_width, split_keys), dtype=torch.int32, device=device
     )
 
 
@@ -190,6 +167,177 @@ def build_decode_schedule(
     torch.ops.graphidx.build_decode_schedule(row_lens, schedule, next_n, split_keys, resolved)
 
 
+def derive_uniform_decode_reference(
+    seq_lens: torch.Tensor,
+    num_live_reqs: torch.Tensor,
+    context_lens: torch.Tensor,
+    row_lens: torch.Tensor,
+    block_ends: torch.Tensor | None,
+    schedule: torch.Tensor | None,
+    *,
+    next_n: int,
+    compress_ratio: int,
+    candidate_block_size: int,
+    group_rows: int,
+    split_keys: int,
+) -> None:
+    """Torch oracle of `derive_uniform_decode`: tensor ops only, no host sync."""
+    reqs = seq_lens.shape[0]
+    device = seq_lens.device
+    live = torch.arange(reqs, device=device) < num_live_reqs
+    lens = torch.where(live, seq_lens, 0).clamp(min=0)
+    context_lens.copy_(lens // compress_ratio)
+    steps = torch.arange(1 - next_n, 1, device=device)
+    ends = (lens.unsqueeze(1) + steps).clamp(min=0) // compress_ratio
+    row_lens.view(reqs, next_n).copy_(ends)
+    if block_ends is not None:
+        size = candidate_block_size
+        block_ends.copy_((row_lens + size - 1) // size)
+    if schedule is not None:
+        build_decode_schedule_reference(
+            row_lens, schedule, next_n=group_rows, split_keys=split_keys
+        )
+
+
+@torch.library.custom_op(
+    "graphidx::derive_uniform_decode",
+    mutates_args=("context_lens", "row_lens", "block_ends", "schedule"),
+)
+def _derive_uniform_decode_op(
+    seq_lens: torch.Tensor,
+    num_live_reqs: torch.Tensor,
+    context_lens: torch.Tensor,
+    row_lens: torch.Tensor,
+    block_ends: torch.Tensor | None,
+    schedule: torch.Tensor | None,
+    next_n: int,
+    compress_ratio: int,
+    candidate_block_size: int,
+    group_rows: int,
+    split_keys: int,
+    backend: str,
+) -> None:
+    fn = implementation(
+        backend, derive_uniform_decode_reference, "schedule", "derive_uniform_decode"
+    )
+    fn(
+        seq_lens,
+        num_live_reqs,
+        context_lens,
+        row_lens,
+        block_ends,
+        schedule,
+        next_n=next_n,
+        compress_ratio=compress_ratio,
+        candidate_block_size=candidate_block_size,
+        group_rows=group_rows,
+        split_keys=split_keys,
+    )
+
+
+@_derive_uniform_decode_op.register_fake
+def _derive_uniform_decode_fake(
+    seq_lens: torch.Tensor,
+    num_live_reqs: torch.Tensor,
+    context_lens: torch.Tensor,
+    row_lens: torch.Tensor,
+    block_ends: torch.Tensor | None,
+    schedule: torch.Tensor | None,
+    next_n: int,
+    compress_ratio: int,
+    candidate_block_size: int,
+    group_rows: int,
+    split_keys: int,
+    backend: str,
+) -> None:
+    return None
+
+
+def derive_uniform_decode(
+    seq_lens: torch.Tensor,
+    num_live_reqs: torch.Tensor,
+    context_lens: torch.Tensor,
+    row_lens: torch.Tensor,
+    block_ends: torch.Tensor | None = None,
+    schedule: torch.Tensor | None = None,
+    *,
+    next_n: int,
+    compress_ratio: int = 1,
+    candidate_block_size: int = 0,
+    group_rows: int | None = None,
+    split_keys: int = SCHEDULE_SPLIT_KEYS,
+    backend: str | None = None,
+) -> None:
+    """A uniform decode step's metadata, derived on the device in one op.
+
+    Inputs: `seq_lens` int32 `[reqs]` (the persistent request lengths; values past the live
+    count are ignored, whatever they hold) and `num_live_reqs` int32 `[1]` (requests
+    `[num_live, reqs)` are padding). Every request has `next_n` rows. Writes, for request r
+    with L = seq_lens[r] if r < num_live else 0: `context_lens[r] = L // R`; row j of it
+    (row `r * next_n + j` of `row_lens`, int32 `[reqs * next_n]`) ends at
+    `max(L - next_n + j + 1, 0) // R`; `block_ends = ceil(row_lens / C)` when given (needs
+    `candidate_block_size` C > 0); and, when `schedule` is given, the decode schedule of
+    those row ends with `group_rows` rows per group (`next_n` for a native launch, 1 for a
+    flattened one; default next_n). Reads no host value that changes per step, so a graph
+    captured with it recomputes all of these at every replay.
+    """
+    check_tensor("seq_lens", seq_lens, dtype=torch.int32, rank=1)
+    device = seq_lens.device
+    reqs = seq_lens.shape[0]
+    check_int("next_n", next_n, minimum=1)
+    check_int("compress_ratio", compress_ratio, minimum=1)
+    check_int("candidate_block_size", candidate_block_size, minimum=0)
+    group_rows = next_n if group_rows is None else group_rows
+    if group_rows not in (1, next_n):
+        raise ValueError(f"group_rows must be 1 or next_n = {next_n}, got {group_rows}")
+    check_tensor(
+        "num_live_reqs", num_live_reqs, dtype=torch.int32, rank=1, shape=(1,), device=device
+    )
+    check_tensor(
+        "context_lens", context_lens, dtype=torch.int32, rank=1, shape=(reqs,), device=device
+    )
+    rows = reqs * next_n
+    check_tensor("row_lens", row_lens, dtype=torch.int32, rank=1, shape=(rows,), device=device)
+    if not row_lens.is_contiguous() or not context_lens.is_contiguous():
+        raise ValueError("row_lens and context_lens must be contiguous")
+    if (block_ends is None) != (candidate_block_size == 0):
+        raise ValueError(
+            f"block_ends must be given exactly when candidate_block_size > 0 "
+            f"(candidate_block_size = {candidate_block_size})"
+        )
+    if block_ends is not None:
+        check_tensor(
+            "block_ends", block_ends, dtype=torch.int32, rank=1, shape=(rows,), device=device
+        )
+        if not block_ends.is_contiguous():
+            raise ValueError("block_ends must be contiguous")
+    if schedule is not None:
+        check_tensor("schedule", schedule, dtype=torch.int32, rank=1, device=device)
+        _check_split_keys(split_keys)
+        if schedule_capacity(schedule) < rows // group_rows:
+            raise ValueError(
+                f"schedule holds {schedule_capacity(schedule)} items, fewer than the "
+                f"{rows // group_rows} row groups"
+            )
+    resolved = resolve_backend(backend, device)
+    if resolved == "aiter":
+        resolved = "triton" if device.type == "cuda" else "reference"
+    torch.ops.graphidx.derive_uniform_decode(
+        seq_lens,
+        num_live_reqs,
+        context_lens,
+        row_lens,
+        block_ends,
+        schedule,
+        next_n,
+        compress_ratio,
+        candidate_block_size,
+        group_rows,
+        split_keys,
+        resolved,
+    )
+
+
 __all__ = [
     "KEY_END_OPEN",
     "SCHEDULE_HEADER_INTS",
@@ -199,5 +347,7 @@ __all__ = [
     "allocate_schedule",
     "build_decode_schedule",
     "build_decode_schedule_reference",
+    "derive_uniform_decode",
+    "derive_uniform_decode_reference",
     "schedule_capacity",
 ]

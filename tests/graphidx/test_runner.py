@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from capture import CaptureSizes, StepShape
-from graphidx.builder import CandidateIndexerMetadataBuilder
+from graphidx.builder import CandidateIndexerMetadataBuilder, CapturedDecode
 from graphidx.cli.replay_check import run_replay_check
 from graphidx.config import IndexerConfig
 from graphidx.runner import IndexerGraphRunner, IndexerStack
@@ -65,13 +69,19 @@ def test_replay_equals_eager_on_random_steps() -> None:
 
 
 def test_planted_shape_bug_is_caught() -> None:
-    """A builder whose FULL-graph decode width follows the step's lengths (not its shape)
-    captures a narrow width and replays it on longer contexts: the harness must see it."""
+    """A builder whose captured decode width comes from the capture-time lengths (a host
+    value, not the shape) replays that narrow width on longer contexts: the harness must
+    see it."""
 
     class LengthDependentBuilder(CandidateIndexerMetadataBuilder):
-        def _decode_width(self, batch, num_decodes):  # type: ignore[no-untyped-def]
-            upper = batch.seq_lens_upper_bound.numpy()[:num_decodes]
-            return max(1, int(upper.max()) // self.config.compress_ratio)
+        def uniform_decode(self, num_reqs, seq_lens, block_table, num_live_reqs, *, backend=None):  # type: ignore[no-untyped-def]
+            captured = super().uniform_decode(
+                num_reqs, seq_lens, block_table, num_live_reqs, backend=backend
+            )
+            width = max(1, int(seq_lens.max()) // self.config.compress_ratio)
+            decode = dataclasses.replace(captured.metadata.decode, width=width)
+            metadata = dataclasses.replace(captured.metadata, decode=decode)
+            return CapturedDecode(metadata, captured.derive)
 
     gen = StepGenerator(CONFIG, STACK, num_pages=96, seed=3, max_context=1500)
     runner = IndexerGraphRunner(
@@ -89,7 +99,10 @@ def test_planted_shape_bug_is_caught() -> None:
     report = check_replay(runner, gen.cases(20, kinds=("decode",)))
     assert report.replayed > 0
     assert not report.ok
-    assert all(m.what == "replay != unpadded eager" for m in report.mismatches)
+    # The padded eager step runs the same captured-shape metadata, so it differs too.
+    kinds = {m.what for m in report.mismatches}
+    assert "replay != unpadded eager" in kinds
+    assert kinds <= {"replay != unpadded eager", "padded eager != unpadded eager"}
 
 
 def test_layer_inputs_are_checked() -> None:
@@ -210,26 +223,87 @@ def test_step_refuses_a_batch_validated_for_another_cache_or_config() -> None:
         runner.step(foreign, case.inputs)
 
 
-def test_inputs_written_in_place_are_not_copied_and_give_the_same_answer() -> None:
-    runner, gen = _setup(seed=9)
+def _replayable_decode(gen: StepGenerator) -> object:
     case = gen.case("decode")
-    want = torch.sort(runner.step(case.batch, case.inputs).topk.long(), -1).values.clone()
-    views = runner.input_views(case.num_real_tokens)
-    for view, given in zip(views, case.inputs, strict=True):
-        for name in ("q", "q_scale", "weights"):
-            getattr(view, name).copy_(getattr(given, name)[: case.num_real_tokens])
-    copies = 0
+    while case.batch.num_reqs * CONFIG.next_n > 16:
+        case = gen.case("decode")
+    return case
 
-    class CountCopies(torch.utils._python_dispatch.TorchDispatchMode):
+
+def _ops_outside_replay(runner: IndexerGraphRunner, step: Callable[[], object]) -> Counter[str]:
+    """The non-view torch ops `step()` dispatches, not counting the graph replay itself."""
+    ops: Counter[str] = Counter()
+    counting = True
+    replay = runner.graphs.replay
+
+    def uncounted_replay(shape: StepShape) -> None:
+        nonlocal counting
+        counting = False
+        try:
+            replay(shape)
+        finally:
+            counting = True
+
+    class CountOps(torch.utils._python_dispatch.TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            nonlocal copies
-            copies += func is torch.ops.aten.copy_.default
+            if counting and not func.is_view:
+                ops[func.overloadpacket.__name__] += 1
             return func(*args, **(kwargs or {}))
 
-    with CountCopies():
-        runner._load_batch(case.batch, views, runner._shape_of(case.batch)[0])
-    assert copies == 3  # query offsets, sequence lengths, block table: no layer input
+    runner.graphs.replay = uncounted_replay  # type: ignore[method-assign]
+    try:
+        with CountOps():
+            step()
+    finally:
+        runner.graphs.replay = replay  # type: ignore[method-assign]
+    return ops
+
+
+def test_a_replayed_step_dispatches_only_its_copies() -> None:
+    """Host work of a replayed step: the raw-input copies and the live count, nothing else
+    (no planning ops, no zero-fills, no index vectors, no per-row block table)."""
+    runner, gen = _setup(seed=9)
+    case = _replayable_decode(gen)
+    want = torch.sort(runner.step(case.batch, case.inputs).topk.long(), -1).values.clone()
+    n = case.num_real_tokens
+    views = runner.input_views(n)
+    for view, given in zip(views, case.inputs, strict=True):
+        for name in ("q", "q_scale", "weights"):
+            getattr(view, name).copy_(getattr(given, name)[:n])
+
+    in_place = _ops_outside_replay(runner, lambda: runner.step(case.batch, views))
+    assert in_place == Counter({"copy_": 2, "fill_": 1})  # seq_lens, block table; live count
+    copied = _ops_outside_replay(runner, lambda: runner.step(case.batch, case.inputs))
+    assert copied == Counter({"copy_": 2 + 3 * STACK.num_layers, "fill_": 1})
+    assert runner.counters.replayed == 3
     got = torch.sort(runner.step(case.batch, views).topk.long(), -1).values
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="num_tokens = -1"):
         runner.input_views(-1)
+
+
+def test_garbage_in_derived_buffers_and_padding_cannot_change_a_replay() -> None:
+    """The graph recomputes every derived value: poisoning the builder's buffers, the
+    padding requests' raw inputs and the padding rows' q leaves the answer unchanged."""
+    runner, gen = _setup(seed=11)
+    case = _replayable_decode(gen)
+    sizes = runner.capture_sizes
+    while sizes.pad(case.num_real_tokens).num_tokens == case.num_real_tokens:  # needs padding
+        case = _replayable_decode(gen)
+    first = runner.step(case.batch, case.inputs)
+    assert first.replayed and first.padded_tokens > 0
+    want = torch.sort(first.topk.long(), -1).values.clone()
+    torch.manual_seed(0)
+    for tensor in runner.builder.buffers().values():
+        tensor.copy_(torch.randint(-(2**20), 2**20, tensor.shape, dtype=tensor.dtype))
+    live, rows = case.batch.num_reqs, case.num_real_tokens
+    b = runner.buffers
+    b["seq_lens"][live:].fill_(CONFIG.max_model_len)
+    b["block_table"][live:].fill_(10**6)
+    for i in range(STACK.num_layers):
+        b[f"q.{i}"][rows:].fill_(0x77)
+        b[f"weights.{i}"][rows:].fill_(float("nan"))
+    again = runner.step(case.batch, case.inputs)
+    assert again.replayed
+    assert torch.equal(torch.sort(again.topk.long(), -1).values, want)
+    assert bool((runner.topk_buffer[:, rows : again.shape.num_tokens] == -1).all())

@@ -66,7 +66,7 @@ from graphidx.ops.kernels.mxfp4_tl import (
     tile_split,
 )
 from graphidx.ops.kernels.ptx import store_b32
-from graphidx.ops.schedule import SCHEDULE_HEADER_INTS, SCHEDULE_ITEM_INTS, SPLIT_ALIGNMENT
+from graphidx.ops.schedule_format import SCHEDULE_HEADER_INTS, SCHEDULE_ITEM_INTS, SPLIT_ALIGNMENT
 
 GROUP_FIXED = 0  # next_n rows (or one row) per seq
 GROUP_QUERY_START_LOC = 1  # rows of a seq given by query_start_loc

@@ -1,9 +1,15 @@
-"""Triton builder of the decode work schedule (OPS_CONTRACT op 7; format in graphidx.ops.schedule).
+"""Triton builder of the decode work schedule (format: graphidx.ops.schedule_format).
 
-One program reads `row_lens` and writes the schedule buffer on the device, so building it is
-part of the step's device work and never a host sync. Two passes over the groups in blocks of
-BLOCK_G: the first counts items (to know whether the buffer's capacity suffices), the second
-writes each group's items with one masked 2-D store per block of BLOCK_J items.
+One program writes the schedule buffer on the device, so building it is part of the step's
+device work and never a host sync. Two passes over the groups in blocks of BLOCK_G: the first
+counts items (to know whether the buffer's capacity suffices), the second writes each group's
+items with one masked 2-D store per block of BLOCK_J items.
+
+With DERIVE the same program is the captured uniform-decode step's metadata: the group spans
+come from the persistent request lengths and the live-request count instead of `row_lens`,
+and the first pass also stores the row ends, block ends and compressed contexts it computed
+(`graphidx.ops.schedule.derive_uniform_decode`). One launch derives everything a replayed
+decode step needs.
 """
 
 from __future__ import annotations
@@ -12,102 +18,214 @@ import torch
 import triton
 import triton.language as tl
 
-from graphidx.ops.schedule import KEY_END_OPEN, SCHEDULE_HEADER_INTS, SCHEDULE_ITEM_INTS
+from graphidx.ops import schedule_format as fmt
+
+# Module globals a jit function reads must be constexprs.
+ITEM_COUNT = tl.constexpr(fmt.ITEM_COUNT)
+GROUP_COUNT = tl.constexpr(fmt.GROUP_COUNT)
+GROUP_ROWS = tl.constexpr(fmt.GROUP_ROWS)
+COMPLETE = tl.constexpr(fmt.COMPLETE)
+ITEM_GROUP = tl.constexpr(fmt.ITEM_GROUP)
+ITEM_KEY_START = tl.constexpr(fmt.ITEM_KEY_START)
+ITEM_KEY_END = tl.constexpr(fmt.ITEM_KEY_END)
+KEY_END_OPEN = tl.constexpr(fmt.KEY_END_OPEN)
+HEADER_INTS = tl.constexpr(fmt.SCHEDULE_HEADER_INTS)
+ITEM_INTS = tl.constexpr(fmt.SCHEDULE_ITEM_INTS)
 
 BLOCK_G = 128
 BLOCK_J = 64
 
 
 @triton.jit
-def _group_items(row_lens_ptr, group, ok, NEXT_N: tl.constexpr, NEXT_N_PAD: tl.constexpr, SPLIT):
-    """Items a group needs: cdiv(span, SPLIT), at least 1; span = max of its rows' lens."""
-    member = tl.arange(0, NEXT_N_PAD)
-    lens = tl.load(
-        row_lens_ptr + group[:, None] * NEXT_N + member[None, :],
-        mask=ok[:, None] & (member[None, :] < NEXT_N),
-        other=0,
-    )
-    span = tl.maximum(tl.max(lens, axis=1), 0)
-    return tl.where(ok, tl.maximum(tl.cdiv(span, SPLIT), 1), 0)
+def _group_spans(
+    lens_ptr,
+    derived,
+    group,
+    ok,
+    STORE: tl.constexpr,
+    DERIVE: tl.constexpr,
+    ROWS: tl.constexpr,
+    ROWS_PAD: tl.constexpr,
+    NEXT_N: tl.constexpr,
+    R: tl.constexpr,
+    C: tl.constexpr,
+):
+    """Each group's span (max over its ROWS rows of max(row end, 0)).
+
+    Without DERIVE the row ends are loaded from `lens_ptr` (row_lens). With DERIVE
+    `lens_ptr` holds the request lengths and `derived` the pointers (num_live, row_lens,
+    context_lens, block_ends): row j of request r < num_live ends at
+    max(L_r - NEXT_N + j + 1, 0) // R, rows of later requests at 0; STORE writes them.
+    """
+    member = tl.arange(0, ROWS_PAD)
+    row = group[:, None] * ROWS + member[None, :]
+    in_group = ok[:, None] & (member[None, :] < ROWS)
+    if DERIVE:
+        num_live_ptr, row_lens_ptr, context_ptr, block_ends_ptr = derived
+        request = row // NEXT_N
+        step = row % NEXT_N
+        live = in_group & (request < tl.load(num_live_ptr))
+        seq = tl.maximum(tl.load(lens_ptr + request, mask=live, other=0), 0)
+        ends = tl.maximum(seq - NEXT_N + step + 1, 0) // R
+        if STORE:
+            tl.store(row_lens_ptr + row, ends, mask=in_group)
+            if C > 0:
+                tl.store(block_ends_ptr + row, (ends + C - 1) // C, mask=in_group)
+            tl.store(context_ptr + request, seq // R, mask=in_group & (step == NEXT_N - 1))
+    else:
+        ends = tl.load(lens_ptr + row, mask=in_group, other=0)
+    return tl.maximum(tl.max(ends, axis=1), 0)
 
 
 @triton.jit
 def _build_schedule_kernel(
-    row_lens_ptr,
+    lens_ptr,
     schedule_ptr,
+    derived,
     num_groups,
     capacity,
+    DERIVE: tl.constexpr,
+    WRITE_SCHEDULE: tl.constexpr,
+    ROWS: tl.constexpr,
+    ROWS_PAD: tl.constexpr,
     NEXT_N: tl.constexpr,
-    NEXT_N_PAD: tl.constexpr,
+    R: tl.constexpr,
+    C: tl.constexpr,
     SPLIT: tl.constexpr,
-    HEADER: tl.constexpr,
-    ITEM: tl.constexpr,
-    KEY_END: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
     total = tl.zeros([], tl.int64)
     for first in range(0, num_groups, BLOCK_G):
         group = first + tl.arange(0, BLOCK_G)
-        items = _group_items(row_lens_ptr, group, group < num_groups, NEXT_N, NEXT_N_PAD, SPLIT)
-        total += tl.sum(items.to(tl.int64), axis=0)
-    complete = num_groups <= capacity
-    over = total > capacity
-    # Over capacity, every group keeps one item and shares the spare slots pro rata.
-    spare = (capacity - num_groups).to(tl.int64)
-    extra = tl.maximum(total - num_groups, 1)
-
-    written = tl.zeros([], tl.int32)
-    for first in range(0, num_groups, BLOCK_G):
-        group = first + tl.arange(0, BLOCK_G)
         ok = group < num_groups
-        items = _group_items(row_lens_ptr, group, ok, NEXT_N, NEXT_N_PAD, SPLIT)
-        granted = tl.where(over, 1 + ((items - 1).to(tl.int64) * spare) // extra, items)
-        granted = tl.maximum(granted.to(tl.int32), 1)
-        splits_per_item = tl.cdiv(items, granted)
-        count = tl.where(ok, tl.cdiv(items, tl.maximum(splits_per_item, 1)), 0)
-        offset = written + tl.cumsum(count, axis=0) - count
-        item_keys = splits_per_item * SPLIT
-        for j_first in range(0, tl.max(count, axis=0), BLOCK_J):
-            j = j_first + tl.arange(0, BLOCK_J)
-            # where(), not `&`: the interpreter mistypes a vector & scalar bool.
-            mask = tl.where(complete, j[None, :] < count[:, None], False)
-            slot_ptr = schedule_ptr + HEADER + (offset[:, None] + j[None, :]).to(tl.int64) * ITEM
-            key_start = j[None, :] * item_keys[:, None]
-            key_end = tl.where(
-                j[None, :] == count[:, None] - 1, KEY_END, key_start + item_keys[:, None]
+        span = _group_spans(
+            lens_ptr, derived, group, ok, DERIVE, DERIVE, ROWS, ROWS_PAD, NEXT_N, R, C
+        )
+        items = tl.where(ok, tl.maximum(tl.cdiv(span, SPLIT), 1), 0)
+        total += tl.sum(items.to(tl.int64), axis=0)
+    if WRITE_SCHEDULE:
+        complete = num_groups <= capacity
+        over = total > capacity
+        # Over capacity, every group keeps one item and shares the spare slots pro rata.
+        spare = (capacity - num_groups).to(tl.int64)
+        extra = tl.maximum(total - num_groups, 1)
+        written = tl.zeros([], tl.int32)
+        for first in range(0, num_groups, BLOCK_G):
+            group = first + tl.arange(0, BLOCK_G)
+            ok = group < num_groups
+            span = _group_spans(
+                lens_ptr, derived, group, ok, False, DERIVE, ROWS, ROWS_PAD, NEXT_N, R, C
             )
-            tl.store(slot_ptr, group[:, None] + 0 * j[None, :], mask=mask)
-            tl.store(slot_ptr + 1, key_start, mask=mask)
-            tl.store(slot_ptr + 2, key_end, mask=mask)
-        written += tl.sum(count, axis=0)
-    tl.store(schedule_ptr, tl.where(complete, written, 0))
-    tl.store(schedule_ptr + 1, num_groups)
-    tl.store(schedule_ptr + 2, NEXT_N)
-    tl.store(schedule_ptr + 3, complete.to(tl.int32))
+            items = tl.where(ok, tl.maximum(tl.cdiv(span, SPLIT), 1), 0)
+            granted = tl.where(over, 1 + ((items - 1).to(tl.int64) * spare) // extra, items)
+            granted = tl.maximum(granted.to(tl.int32), 1)
+            splits_per_item = tl.cdiv(items, granted)
+            count = tl.where(ok, tl.cdiv(items, tl.maximum(splits_per_item, 1)), 0)
+            offset = written + tl.cumsum(count, axis=0) - count
+            item_keys = splits_per_item * SPLIT
+            for j_first in range(0, tl.max(count, axis=0), BLOCK_J):
+                j = j_first + tl.arange(0, BLOCK_J)
+                # where(), not `&`: the interpreter mistypes a vector & scalar bool.
+                mask = tl.where(complete, j[None, :] < count[:, None], False)
+                item = (offset[:, None] + j[None, :]).to(tl.int64) * ITEM_INTS
+                slot_ptr = schedule_ptr + HEADER_INTS + item
+                key_start = j[None, :] * item_keys[:, None]
+                key_end = tl.where(
+                    j[None, :] == count[:, None] - 1, KEY_END_OPEN, key_start + item_keys[:, None]
+                )
+                tl.store(slot_ptr + ITEM_GROUP, group[:, None] + 0 * j[None, :], mask=mask)
+                tl.store(slot_ptr + ITEM_KEY_START, key_start, mask=mask)
+                tl.store(slot_ptr + ITEM_KEY_END, key_end, mask=mask)
+            written += tl.sum(count, axis=0)
+        tl.store(schedule_ptr + ITEM_COUNT, tl.where(complete, written, 0))
+        tl.store(schedule_ptr + GROUP_COUNT, num_groups)
+        tl.store(schedule_ptr + GROUP_ROWS, ROWS)
+        tl.store(schedule_ptr + COMPLETE, complete.to(tl.int32))
 
 
-def build_decode_schedule(
-    row_lens: torch.Tensor, schedule: torch.Tensor, *, next_n: int, split_keys: int
+def _launch(
+    lens: torch.Tensor,
+    schedule: torch.Tensor | None,
+    derived: tuple[object, ...],
+    num_groups: int,
+    *,
+    derive: bool,
+    group_rows: int,
+    split_keys: int,
+    next_n: int = 1,
+    compress_ratio: int = 1,
+    candidate_block_size: int = 0,
 ) -> None:
-    """Triton `build_decode_schedule` (arguments validated by graphidx.ops.schedule)."""
-    rows = row_lens.shape[0]
-    capacity = (schedule.shape[0] - SCHEDULE_HEADER_INTS) // SCHEDULE_ITEM_INTS
+    capacity = 0 if schedule is None else fmt.schedule_capacity(schedule)
     _build_schedule_kernel[(1,)](
-        row_lens,
-        schedule,
-        rows // next_n,
+        lens,
+        lens if schedule is None else schedule,
+        derived,
+        num_groups,
         capacity,
+        DERIVE=derive,
+        WRITE_SCHEDULE=schedule is not None,
+        ROWS=group_rows,
+        ROWS_PAD=triton.next_power_of_2(group_rows),
         NEXT_N=next_n,
-        NEXT_N_PAD=triton.next_power_of_2(next_n),
+        R=compress_ratio,
+        C=candidate_block_size,
         SPLIT=split_keys,
-        HEADER=SCHEDULE_HEADER_INTS,
-        ITEM=SCHEDULE_ITEM_INTS,
-        KEY_END=KEY_END_OPEN,
         BLOCK_G=BLOCK_G,
         BLOCK_J=BLOCK_J,
         num_warps=4,
     )
 
 
-__all__ = ["build_decode_schedule"]
+def build_decode_schedule(
+    row_lens: torch.Tensor, schedule: torch.Tensor, *, next_n: int, split_keys: int
+) -> None:
+    """Triton `build_decode_schedule` (arguments validated by graphidx.ops.schedule)."""
+    _launch(
+        row_lens,
+        schedule,
+        (row_lens, row_lens, row_lens, row_lens),  # unused without DERIVE
+        row_lens.shape[0] // next_n,
+        derive=False,
+        group_rows=next_n,
+        split_keys=split_keys,
+    )
+
+
+def derive_uniform_decode(
+    seq_lens: torch.Tensor,
+    num_live_reqs: torch.Tensor,
+    context_lens: torch.Tensor,
+    row_lens: torch.Tensor,
+    block_ends: torch.Tensor | None,
+    schedule: torch.Tensor | None,
+    *,
+    next_n: int,
+    compress_ratio: int,
+    candidate_block_size: int,
+    group_rows: int,
+    split_keys: int,
+) -> None:
+    """Triton `derive_uniform_decode` (arguments validated by graphidx.ops.schedule)."""
+    derived = (
+        num_live_reqs,
+        row_lens,
+        context_lens,
+        row_lens if block_ends is None else block_ends,
+    )
+    _launch(
+        seq_lens,
+        schedule,
+        derived,
+        row_lens.shape[0] // group_rows,
+        derive=True,
+        group_rows=group_rows,
+        split_keys=split_keys,
+        next_n=next_n,
+        compress_ratio=compress_ratio,
+        candidate_block_size=candidate_block_size if block_ends is not None else 0,
+    )
+
+
+__all__ = ["build_decode_schedule", "derive_uniform_decode"]
