@@ -182,6 +182,8 @@ class IndexerGraphRunner:
         self.workspace = IndexerWorkspace(config, self.device, buffers=self.buffers)
         self.counters = RunnerCounters()
         self._uniform: dict[StepShape, CapturedDecode] = {}
+        self._padded: dict[int, StepShape | None] = {}
+        self._views: dict[int, tuple[LayerInput, ...]] = {}
         self._warned_above_largest = False
         self._decode_layers = self._compiled_layers(compile_layers, compile_backend, graph_backend)
 
@@ -268,15 +270,25 @@ class IndexerGraphRunner:
         limit = self.config.max_num_batched_tokens
         if not 0 <= num_tokens <= limit:
             raise ValueError(f"num_tokens = {num_tokens} must be in [0, {limit}]")
-        b = self.buffers
-        return tuple(
-            LayerInput(
-                b[f"q.{i}"][:num_tokens],
-                b[f"q_scale.{i}"][:num_tokens],
-                b[f"weights.{i}"][:num_tokens],
+        views = self._views.get(num_tokens)
+        if views is None:
+            b = self.buffers
+            views = tuple(
+                LayerInput(
+                    b[f"q.{i}"][:num_tokens],
+                    b[f"q_scale.{i}"][:num_tokens],
+                    b[f"weights.{i}"][:num_tokens],
+                )
+                for i in range(self.stack.num_layers)
             )
-            for i in range(self.stack.num_layers)
-        )
+            self._views[num_tokens] = views
+        return views
+
+    def _own_views(self, layer_inputs: Sequence[LayerInput], num_tokens: int) -> bool:
+        """Whether `layer_inputs` is a tuple `input_views` returned, of >= num_tokens rows:
+        then it needs neither checks nor copies."""
+        views = self._views.get(len(layer_inputs[0].q)) if layer_inputs else None
+        return views is layer_inputs and len(layer_inputs[0].q) >= num_tokens
 
     def total_bytes(self) -> int:
         """Persistent bytes: step inputs, top-k, workspace and builder buffers."""
@@ -369,14 +381,16 @@ class IndexerGraphRunner:
         self._check_batch(batch)
         offsets = batch.query_start_loc_cpu.numpy()  # host reads without torch dispatch
         num_real = int(offsets[batch.num_real_reqs])
-        for i, inp in enumerate(layer_inputs):
-            self._check_layer_input(i, inp, num_real)
+        in_place = self._own_views(layer_inputs, num_real)
+        if not in_place:
+            for i, inp in enumerate(layer_inputs):
+                self._check_layer_input(i, inp, num_real)
         shape, reason = (
             self._shape_of(offsets, batch.num_real_reqs) if pad else (None, "unpadded (pad=False)")
         )
         replay = False
         if shape is not None:
-            self._load_decode(batch, layer_inputs, num_real)
+            self._load_decode(batch, None if in_place else layer_inputs, num_real)
             replay = shape in self.graphs and not force_eager
             if replay:
                 self.graphs.replay(shape)
@@ -427,7 +441,9 @@ class IndexerGraphRunner:
             return None, "not a uniform decode step"
         if live > 1 and bool((np.diff(offsets[: live + 1]) != next_n).any()):
             return None, "not a uniform decode step"
-        shape = self.capture_sizes.pad(tokens)
+        if tokens not in self._padded:
+            self._padded[tokens] = self.capture_sizes.pad(tokens)
+        shape = self._padded[tokens]
         if shape is None:
             if not self._warned_above_largest:
                 logger.warning(
@@ -473,17 +489,18 @@ class IndexerGraphRunner:
 
     # ------------------------------------------------------------------ internals
     def _load_decode(
-        self, batch: StepBatch, layer_inputs: Sequence[LayerInput], num_real: int
+        self, batch: StepBatch, layer_inputs: Sequence[LayerInput] | None, num_real: int
     ) -> None:
         """Copy a uniform decode step's raw inputs into the persistent buffers (what is
-        already in place is not copied) and write the live-request count. Padding requests
-        and rows are left as they are: the graph gives them zero context."""
+        already in place is not copied; `layer_inputs` None: all of them are) and write the
+        live-request count. Padding requests and rows are left as they are: the graph gives
+        them zero context."""
         b = self.buffers
         live = batch.num_real_reqs
         _copy_rows(b["seq_lens"], batch.seq_lens, live)
         _copy_rows(b["block_table"], batch.block_table, live)
         b["num_live_reqs"].fill_(live)
-        for i, inp in enumerate(layer_inputs):
+        for i, inp in enumerate(layer_inputs or ()):
             _copy_rows(b[f"q.{i}"], inp.q, num_real)
             _copy_rows(b[f"q_scale.{i}"], inp.q_scale, num_real)
             _copy_rows(b[f"weights.{i}"], inp.weights, num_real)

@@ -63,7 +63,9 @@ def _preset(name: str, context: int, max_reqs: int) -> tuple[IndexerConfig, Inde
     if name == "v41":
         config = IndexerConfig.deepseek_v41_flash(max_num_seqs=max_reqs, max_model_len=model_len)
         return config, IndexerStack(candidate_source=True, consumers=3)
-    config = IndexerConfig.deepseek_v32(max_num_seqs=max_reqs, max_model_len=model_len, next_n=2)
+    config = IndexerConfig.deepseek_v32(
+        max_num_seqs=max_reqs, max_model_len=model_len, num_speculative_tokens=1
+    )
     return config, IndexerStack(dense=1)
 
 
@@ -71,8 +73,33 @@ def _sorted(topk: torch.Tensor) -> torch.Tensor:
     return torch.sort(topk.long(), -1).values
 
 
+def _profile_eager(  # type: ignore[no-untyped-def]
+    runner, reqs: int, config: IndexerConfig, pages_per_req: int, num_pages: int, gen
+) -> None:
+    """Where an eager padded step's host time goes: cProfile of 20 steps, top functions."""
+    import cProfile
+    import pstats
+
+    table = torch.arange(reqs * pages_per_req, dtype=torch.int32).view(reqs, pages_per_req)
+    batch = StepBatch.from_lists(
+        config,
+        [config.next_n] * reqs,
+        [config.max_model_len] * reqs,
+        table.cuda(),
+        num_pages=num_pages,
+        device="cuda",
+    )
+    views = runner.input_views(reqs * config.next_n)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(20):
+        runner.step(batch, views, force_eager=True, synchronize=True)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
 def bench_step(
-    preset: str, context: int, batches: tuple[int, ...], repeat: int
+    preset: str, context: int, batches: tuple[int, ...], repeat: int, profile: bool = False
 ) -> dict[str, object]:
     device = torch.device("cuda")
     config, stack = _preset(preset, context, max(batches))
@@ -144,14 +171,22 @@ def bench_step(
         shape = first.shape
         assert shape is not None
         row["graph_ms"] = _event_ms(lambda: runner.graphs.replay(shape), repeat)  # noqa: B023
+        row["replay_wall_ms"] = _median_ms(lambda: runner.graphs.replay(shape), repeat)  # noqa: B023
+        replay = runner.graphs.replay
+        runner.graphs.replay = lambda shape: None  # type: ignore[method-assign]
+        row["host_only_ms"] = _median_ms(lambda: runner.step(batch, views), repeat)  # noqa: B023
+        runner.graphs.replay = replay  # type: ignore[method-assign]
         rows.append(row)
         print(
             f"{preset} ctx {context} batch {b:>3}: step {row['step_copied_ms']:.3f} / in place "
             f"{row['step_in_place_ms']:.3f} ms, graph {row['graph_ms']:.3f} ms, eager "
             f"{row['eager_padded_ms']:.3f} / unpadded {row['eager_unpadded_ms']:.3f} ms, "
+            f"replay wall {row['replay_wall_ms']:.3f} ms, host only {row['host_only_ms']:.3f} ms, "
             f"same={same}",
             flush=True,
         )
+    if profile:
+        _profile_eager(runner, batches[0], config, pages_per_req, num_pages, gen)
     return dict(
         preset=preset,
         config=repr(config),
@@ -192,6 +227,7 @@ def main() -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--skip-harness", action="store_true")
+    parser.add_argument("--profile-eager", action="store_true")
     parser.add_argument("--out", default="out")
     args = parser.parse_args()
     out = Path(args.out)
@@ -208,7 +244,7 @@ def main() -> int:
         )
         print(f"harness: {mismatches} mismatches, {time.perf_counter() - start:.1f} s", flush=True)
     results = [
-        bench_step(preset, context, tuple(args.batches), args.repeat)
+        bench_step(preset, context, tuple(args.batches), args.repeat, args.profile_eager)
         for preset in args.preset
         for context in args.context
     ]
@@ -222,7 +258,7 @@ def main() -> int:
     )
     print(
         f"\n{'preset':>6} {'context':>7} {'batch':>5} {'step':>7} {'in place':>8} {'graph':>7} "
-        f"{'step-graph us':>13} {'eager':>7} {'unpadded':>8} same"
+        f"{'step-graph us':>13} {'host':>6} {'replay':>7} {'eager':>7} {'unpadded':>8} same"
     )
     for result in results:
         for r in result["rows"]:  # type: ignore[attr-defined]
@@ -231,6 +267,7 @@ def main() -> int:
                 f"{r['step_copied_ms']:>7.3f} {r['step_in_place_ms']:>8.3f} "
                 f"{r['graph_ms']:>7.3f} "
                 f"{(r['step_in_place_ms'] - r['graph_ms']) * 1e3:>13.1f} "
+                f"{r['host_only_ms']:>6.3f} {r['replay_wall_ms']:>7.3f} "
                 f"{r['eager_padded_ms']:>7.3f} {r['eager_unpadded_ms']:>8.3f} {r['same']}"
             )
         print(

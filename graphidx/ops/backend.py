@@ -97,3 +97,17 @@ def implementation(
         raise ValueError(f"unknown backend {backend!r}")
     fn: Callable[..., Any] = getattr(module, name)
     return fn
+
+
+def run_op(op: Any, body: Callable[..., None], *args: Any) -> None:
+    """Run a graphidx custom op: `op` (its `torch.ops.graphidx` overload packet) when
+    something must see it as one dispatched op — torch.compile tracing it, or an active
+    TorchDispatchMode such as the capture tape or a FakeTensorMode — else `body`, the
+    function registered as its implementation, called directly. Both run the same code;
+    the direct call skips the dispatcher's per-call host work (custom-op dispatch costs
+    more host time than launching the kernel), which is what eager steps pay per kernel.
+    """
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        op(*args)
+    else:
+        body(*args)

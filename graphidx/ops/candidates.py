@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from graphidx.ops.backend import implementation, resolve_backend
+from graphidx.ops.backend import implementation, resolve_backend, run_op
 from graphidx.ops.validate import check_int, check_rows, check_tensor
 
 NEG_INF = float("-inf")
@@ -66,10 +66,7 @@ def apply_candidate_mask_reference(
     logits.masked_fill_(~keep[:, :width], NEG_INF)
 
 
-@torch.library.custom_op(
-    "graphidx::resolve_candidate_pool", mutates_args=("positions", "live_cols")
-)
-def _resolve_candidate_pool_op(
+def _resolve_candidate_pool_body(
     block_ids: torch.Tensor,
     row_ends: torch.Tensor,
     candidate_block_size: int,
@@ -81,6 +78,13 @@ def _resolve_candidate_pool_op(
         backend, resolve_candidate_pool_reference, "candidates", "resolve_candidate_pool"
     )
     impl(block_ids, row_ends, candidate_block_size, positions, live_cols)
+
+
+_resolve_candidate_pool_op = torch.library.custom_op(
+    "graphidx::resolve_candidate_pool",
+    _resolve_candidate_pool_body,
+    mutates_args=("positions", "live_cols"),
+)
 
 
 @_resolve_candidate_pool_op.register_fake
@@ -95,14 +99,18 @@ def _resolve_candidate_pool_fake(
     return None
 
 
-@torch.library.custom_op("graphidx::apply_candidate_mask", mutates_args=("logits",))
-def _apply_candidate_mask_op(
+def _apply_candidate_mask_body(
     logits: torch.Tensor, positions: torch.Tensor, candidate_block_size: int, backend: str
 ) -> None:
     impl = implementation(
         backend, apply_candidate_mask_reference, "candidates", "apply_candidate_mask"
     )
     impl(logits, positions, candidate_block_size)
+
+
+_apply_candidate_mask_op = torch.library.custom_op(
+    "graphidx::apply_candidate_mask", _apply_candidate_mask_body, mutates_args=("logits",)
+)
 
 
 @_apply_candidate_mask_op.register_fake
@@ -143,8 +151,15 @@ def resolve_candidate_pool(
     )
     check_rows("live_cols", live_cols, rows, device)
     resolved = resolve_backend(backend, device)
-    torch.ops.graphidx.resolve_candidate_pool(
-        block_ids, row_ends, candidate_block_size, positions, live_cols, resolved
+    run_op(
+        torch.ops.graphidx.resolve_candidate_pool,
+        _resolve_candidate_pool_body,
+        block_ids,
+        row_ends,
+        candidate_block_size,
+        positions,
+        live_cols,
+        resolved,
     )
 
 
@@ -169,4 +184,11 @@ def apply_candidate_mask(
     )
     check_int("candidate_block_size", candidate_block_size, minimum=1)
     resolved = resolve_backend(backend, device)
-    torch.ops.graphidx.apply_candidate_mask(logits, positions, candidate_block_size, resolved)
+    run_op(
+        torch.ops.graphidx.apply_candidate_mask,
+        _apply_candidate_mask_body,
+        logits,
+        positions,
+        candidate_block_size,
+        resolved,
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from graphidx.mxfp4 import cache_layout, dequantize_mxfp4
-from graphidx.ops.backend import implementation, resolve_backend
+from graphidx.ops.backend import implementation, resolve_backend, run_op
 from graphidx.ops.logits import (
     REFERENCE_BATCH_ELEMENTS,
     check_pages,
@@ -147,8 +147,7 @@ def remap_compact_topk_reference(
     out.copy_(torch.where(valid, firsts + safe % size, -1).to(torch.int32))
 
 
-@torch.library.custom_op("graphidx::gather_mqa_logits", mutates_args=("out",))
-def _gather_mqa_logits_op(
+def _gather_mqa_logits_body(
     q: torch.Tensor,
     q_scale: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -184,6 +183,11 @@ def _gather_mqa_logits_op(
     )
 
 
+_gather_mqa_logits_op = torch.library.custom_op(
+    "graphidx::gather_mqa_logits", _gather_mqa_logits_body, mutates_args=("out",)
+)
+
+
 @_gather_mqa_logits_op.register_fake
 def _gather_mqa_logits_fake(
     q: torch.Tensor,
@@ -205,8 +209,7 @@ def _gather_mqa_logits_fake(
     return None
 
 
-@torch.library.custom_op("graphidx::remap_compact_topk", mutates_args=("out",))
-def _remap_compact_topk_op(
+def _remap_compact_topk_body(
     compact_topk: torch.Tensor,
     positions: torch.Tensor,
     candidate_block_size: int,
@@ -215,6 +218,11 @@ def _remap_compact_topk_op(
 ) -> None:
     impl = implementation(backend, remap_compact_topk_reference, "gather", "remap_compact_topk")
     impl(compact_topk, positions, candidate_block_size, out)
+
+
+_remap_compact_topk_op = torch.library.custom_op(
+    "graphidx::remap_compact_topk", _remap_compact_topk_body, mutates_args=("out",)
+)
 
 
 @_remap_compact_topk_op.register_fake
@@ -273,7 +281,9 @@ def gather_mqa_logits(
         )
     check_bool("clean", clean)
     resolved = resolve_backend(backend, device)
-    torch.ops.graphidx.gather_mqa_logits(
+    run_op(
+        torch.ops.graphidx.gather_mqa_logits,
+        _gather_mqa_logits_body,
         q,
         q_scale,
         kv_cache,
@@ -315,6 +325,12 @@ def remap_compact_topk(
     check_int("candidate_block_size", candidate_block_size, minimum=1)
     check_tensor("out", out, dtype=torch.int32, rank=2, device=device, shape=(rows, k))
     resolved = resolve_backend(backend, device)
-    torch.ops.graphidx.remap_compact_topk(
-        compact_topk, positions, candidate_block_size, out, resolved
+    run_op(
+        torch.ops.graphidx.remap_compact_topk,
+        _remap_compact_topk_body,
+        compact_topk,
+        positions,
+        candidate_block_size,
+        out,
+        resolved,
     )

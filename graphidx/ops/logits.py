@@ -19,7 +19,7 @@ import torch
 
 from graphidx.config import cdiv
 from graphidx.mxfp4 import CacheLayout, cache_layout, dequantize_mxfp4, read_entries
-from graphidx.ops.backend import implementation, resolve_backend
+from graphidx.ops.backend import implementation, resolve_backend, run_op
 from graphidx.ops.validate import (
     check_block_scores,
     check_bool,
@@ -308,8 +308,7 @@ def paged_mqa_logits_reference(
 # ---------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("graphidx::paged_mqa_logits", mutates_args=("out", "block_scores"))
-def _paged_mqa_logits_op(
+def _paged_mqa_logits_body(
     q: torch.Tensor,
     q_scale: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -345,6 +344,11 @@ def _paged_mqa_logits_op(
         clean=clean,
         page_entries=page_entries,
     )
+
+
+_paged_mqa_logits_op = torch.library.custom_op(
+    "graphidx::paged_mqa_logits", _paged_mqa_logits_body, mutates_args=("out", "block_scores")
+)
 
 
 @_paged_mqa_logits_op.register_fake
@@ -417,7 +421,9 @@ def paged_mqa_logits(
         check_block_scores(block_scores, candidate_block_size, rows, out.shape[1], device)
     check_bool("clean", clean)
     resolved = resolve_backend(backend, device)
-    torch.ops.graphidx.paged_mqa_logits(
+    run_op(
+        torch.ops.graphidx.paged_mqa_logits,
+        _paged_mqa_logits_body,
         q,
         q_scale,
         kv_cache,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from graphidx.ops.backend import implementation, resolve_backend
+from graphidx.ops.backend import implementation, resolve_backend, run_op
 from graphidx.ops.schedule_format import (
     KEY_END_OPEN,
     SCHEDULE_HEADER_INTS,
@@ -105,8 +105,7 @@ def build_decode_schedule_reference(
     schedule[:SCHEDULE_HEADER_INTS].copy_(header)
 
 
-@torch.library.custom_op("graphidx::build_decode_schedule", mutates_args=("schedule",))
-def _build_decode_schedule_op(
+def _build_decode_schedule_body(
     row_lens: torch.Tensor, schedule: torch.Tensor, next_n: int, split_keys: int, backend: str
 ) -> None:
     if backend == "reference":
@@ -124,6 +123,11 @@ def _build_decode_schedule_op(
         )
     else:
         raise ValueError(f"unknown backend {backend!r}")
+
+
+_build_decode_schedule_op = torch.library.custom_op(
+    "graphidx::build_decode_schedule", _build_decode_schedule_body, mutates_args=("schedule",)
+)
 
 
 @_build_decode_schedule_op.register_fake
@@ -164,7 +168,15 @@ def build_decode_schedule(
             "size it with allocate_schedule(max_seqs, max_width, device)"
         )
     resolved = resolve_backend(backend, device)
-    torch.ops.graphidx.build_decode_schedule(row_lens, schedule, next_n, split_keys, resolved)
+    run_op(
+        torch.ops.graphidx.build_decode_schedule,
+        _build_decode_schedule_body,
+        row_lens,
+        schedule,
+        next_n,
+        split_keys,
+        resolved,
+    )
 
 
 def derive_uniform_decode_reference(
@@ -199,11 +211,7 @@ def derive_uniform_decode_reference(
         )
 
 
-@torch.library.custom_op(
-    "graphidx::derive_uniform_decode",
-    mutates_args=("context_lens", "row_lens", "block_ends", "schedule"),
-)
-def _derive_uniform_decode_op(
+def _derive_uniform_decode_body(
     seq_lens: torch.Tensor,
     num_live_reqs: torch.Tensor,
     context_lens: torch.Tensor,
@@ -233,6 +241,13 @@ def _derive_uniform_decode_op(
         group_rows=group_rows,
         split_keys=split_keys,
     )
+
+
+_derive_uniform_decode_op = torch.library.custom_op(
+    "graphidx::derive_uniform_decode",
+    _derive_uniform_decode_body,
+    mutates_args=("context_lens", "row_lens", "block_ends", "schedule"),
+)
 
 
 @_derive_uniform_decode_op.register_fake
@@ -322,7 +337,9 @@ def derive_uniform_decode(
     resolved = resolve_backend(backend, device)
     if resolved == "aiter":
         resolved = "triton" if device.type == "cuda" else "reference"
-    torch.ops.graphidx.derive_uniform_decode(
+    run_op(
+        torch.ops.graphidx.derive_uniform_decode,
+        _derive_uniform_decode_body,
         seq_lens,
         num_live_reqs,
         context_lens,
