@@ -287,8 +287,8 @@ class IndexerGraphRunner:
     def _own_views(self, layer_inputs: Sequence[LayerInput], num_tokens: int) -> bool:
         """Whether `layer_inputs` is a tuple `input_views` returned, of >= num_tokens rows:
         then it needs neither checks nor copies."""
-        views = self._views.get(len(layer_inputs[0].q)) if layer_inputs else None
-        return views is layer_inputs and len(layer_inputs[0].q) >= num_tokens
+        rows = layer_inputs[0].q.shape[0] if layer_inputs else -1
+        return self._views.get(rows) is layer_inputs and rows >= num_tokens
 
     def total_bytes(self) -> int:
         """Persistent bytes: step inputs, top-k, workspace and builder buffers."""
