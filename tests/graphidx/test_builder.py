@@ -574,3 +574,20 @@ def test_decode_schedule_is_built_into_one_persistent_buffer(gen: torch.Generato
         IndexerMetadataBuilder(config, "cpu").build(_batch(config, [2], [40], gen)).decode.schedule
         is None
     )  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("builder_type", [IndexerMetadataBuilder, CandidateIndexerMetadataBuilder])
+def test_decode_schedule_and_buffers_options_reach_every_builder(builder_type) -> None:  # type: ignore[no-untyped-def]
+    """Both builders honour decode_schedule (on a CPU it is off by default) and allocate
+    into the StaticBuffers they are given."""
+    from capture import StaticBuffers
+
+    config = IndexerConfig.cpu_demo(max_num_seqs=4, max_num_batched_tokens=32)
+    assert "schedule" not in builder_type(config, "cpu").buffers()
+    owner = StaticBuffers("cpu")
+    builder = builder_type(config, "cpu", decode_schedule=True, buffers=owner)
+    assert "schedule" in builder.buffers()
+    assert owner["builder.schedule"] is builder.buffers()["schedule"]
+    assert set(owner.names()) == {f"builder.{name}" for name in builder.buffers()}
+    with pytest.raises(ValueError, match="buffers live on"):
+        builder_type(config, "cpu", buffers=StaticBuffers("meta"))
