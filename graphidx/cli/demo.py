@@ -319,6 +319,8 @@ def run_demo(
         f"{len(eager)} eager, mean {mean_ms([r.millis for r in eager])}; "
         f"{padding} padding rows"
     )
+    if settings.graph_backend == "tape":
+        print_fn("  (tape backend: these timings are not meaningful; only replay == eager is)")
     for reason, count in sorted(reasons.items(), key=lambda kv: str(kv[0])):
         print_fn(f"  eager: {count} x {reason}")
     print_fn(
