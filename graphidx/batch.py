@@ -1,4 +1,4 @@
-"""StepBatch: one scheduler step, the library's input (SPEC 3.1).
+"""StepBatch: one scheduler step, the library's input (docs/contract.md section 3.1).
 
 A step carries two host tensors the planner reads freely (`query_start_loc_cpu`,
 `seq_lens_upper_bound`) and three device tensors it must never read back (`query_start_loc`,
@@ -6,8 +6,9 @@ A step carries two host tensors the planner reads freely (`query_start_loc_cpu`,
 raises `ValueError` naming the field, the request and the value; hot paths that already
 validated pass `validate=False` and pay for no device read.
 
-Padding requests (SPEC 3.2a). A batch told `num_real_reqs` treats the requests after the first
-`num_real_reqs` as padding and accepts each in one of the shapes serving runtimes write:
+Padding requests (docs/contract.md section 3.2a). A batch told `num_real_reqs` treats the
+requests after the first `num_real_reqs` as padding and accepts each in one of the shapes
+serving runtimes write:
 
   - "zero":   0 query rows, `seq_len` 0 (vLLM's usual FULL-graph padding; block row 0),
   - "arange": `next_n` query rows, `seq_len` 0 (vLLM's `query_start_loc = arange(., next_n)`
@@ -87,7 +88,7 @@ class StepBatch:
 
     @property
     def num_padding_reqs(self) -> int:
-        """Requests after the real ones (runtime padding, SPEC 3.2a)."""
+        """Requests after the real ones (runtime padding, docs/contract.md section 3.2a)."""
         return self.num_reqs - self.num_real_reqs
 
     @property
@@ -255,7 +256,8 @@ def _first(mask: np.ndarray) -> int:
 
 
 def _validate_values(batch: StepBatch) -> None:
-    """Every value rule of SPEC 3.1; reads the device tensors (the slow path)."""
+    """Every value rule of docs/contract.md section 3.1; reads the device tensors (the slow
+    path)."""
     config = batch.config
     qsl = batch.query_start_loc_cpu.numpy().astype(np.int64)
     if qsl[0] != 0:
@@ -350,7 +352,8 @@ def padding_form(query_len: int, seq_len: int, next_n: int) -> str | None:
 
 
 def _validate_padding(batch: StepBatch, query_lens: np.ndarray, seq_lens: np.ndarray) -> None:
-    """Each request after the real ones is one of `PADDING_FORMS` (SPEC 3.2a)."""
+    """Each request after the real ones is one of `PADDING_FORMS` (docs/contract.md section
+    3.2a)."""
     config = batch.config
     next_n = config.next_n
     num_real = batch.num_real_reqs

@@ -11,9 +11,10 @@ real row reads, which the unpadded reference checks.
 
 Steps already padded by the caller come in four forms (`PADDED_KINDS`): "padded", trailing
 zero-row requests and rows past the last request, all counted real (`num_real_reqs` unset);
-and the runtimes' padding requests of SPEC 3.2a, declared by `num_real_reqs` —
-"pad-vllm-zero" (0 rows, seq_len 0, block row 0 or a stale row), "pad-vllm-arange" (next_n
-rows, seq_len 0, so seq_len < query_len) and "pad-sglang-fill1" (1 row, seq_len 1, page 0).
+and the runtimes' padding requests of docs/contract.md section 3.2a, declared by
+`num_real_reqs` — "pad-vllm-zero" (0 rows, seq_len 0, block row 0 or a stale row),
+"pad-vllm-arange" (next_n rows, seq_len 0, so seq_len < query_len) and "pad-sglang-fill1" (1
+row, seq_len 1, page 0).
 A request for kind "padded" draws one of the four, and the case's kind names which.
 """
 
@@ -63,7 +64,7 @@ class StepCase:
 def random_kv_cache(
     config: IndexerConfig, num_pages: int, device: torch.device | str, gen: torch.Generator
 ) -> torch.Tensor:
-    """A paged MXFP4 cache (SPEC 4) whose every entry holds a random key."""
+    """A paged MXFP4 cache (docs/contract.md section 4) whose every entry holds a random key."""
     layout = cache_layout(config.num_heads, config.head_dim, config.page_entries)
     cache = torch.zeros(num_pages, layout.page_bytes, dtype=torch.uint8, device=device)
     # Keys are drawn on the cache's device, in slices, from a generator seeded by `gen`.
@@ -203,7 +204,8 @@ class StepGenerator:
 
     def _runtime_padded_case(self, kind: str) -> StepCase:
         """Real decodes (uniform, or now and then ragged) followed by 1-4 padding requests of
-        the runtime convention `kind`, declared by `num_real_reqs` (SPEC 3.2a)."""
+        the runtime convention `kind`, declared by `num_real_reqs` (docs/contract.md section
+        3.2a)."""
         cfg = self.config
         next_n = cfg.next_n
         form = RUNTIME_PADDING[kind]

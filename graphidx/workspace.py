@@ -22,7 +22,7 @@ candidate_block_size, KB = candidate_topk_blocks, Wc = num_candidate_cols):
 - with sparse logits (Wc > 0): compact logits float32 `[compact_rows, Wc]` and compact top-k
   int32 `[compact_rows, topk_tokens]`, compact_rows = max(decode_rows, consumer_rows),
   consumer_rows = min(T, max(1, min(max_logits_bytes, 2**31 - 1) // (4 * Wc))) (the
-  consumers' prefill rows per launch, SPEC 3.5).
+  consumers' prefill rows per launch, docs/contract.md section 3.5).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ copies nothing for them. Device work only, never a device-to-host read: lengths 
 block table is gathered from `req_to_token` at page starts, and padding requests (index >=
 `num_real_reqs`) get SGLang's padding form explicitly — decode: 1 row, `seq_len` 1 (the fill
 value), page 0; target verify: `next_n` rows, `seq_len` 0, page 0 — so they plan as padding
-(SPEC 3.2a) whatever stale pool rows SGLang left there.
+(docs/contract.md section 3.2a) whatever stale pool rows SGLang left there.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ eager) for everything else. Build the graphidx builder with `full_graph_decode=T
 decode decision depends on the padded shape only. vLLM pads a FULL-graph batch after the real
 requests (zero query rows and `seq_len` 0, or `query_start_loc = arange(., next_n)` with
 `seq_len` 0); pass `num_real_reqs` or let the adapter find the trailing requests whose host
-`seq_len` bound is 0 (SPEC 3.2a), so they plan as padding.
+`seq_len` bound is 0 (docs/contract.md section 3.2a), so they plan as padding.
 
 `build_for_cudagraph_capture(common_attn_metadata)` is called once per captured size with a
 dummy batch of that padded shape; its lengths and block table mean nothing. Map it with

@@ -1,4 +1,4 @@
-"""The decode work schedule (docs/contract.md, ops): work descriptors built on the device.
+"""The decode work schedule (docs/contract.md section 5.7): work descriptors built on the device.
 
 `build_decode_schedule` fills a fixed-size buffer (`allocate_schedule`; layout in
 `graphidx.ops.schedule_format`) from `row_lens` without a host sync; its unused slots are

@@ -1,4 +1,5 @@
-"""Pure host planning of a step (SPEC 3.2-3.4): imports metadata and config only, never ops.
+"""Pure host planning of a step (docs/contract.md sections 3.2-3.4): imports metadata and
+config only, never ops.
 
 Host values (offsets, upper bounds, query lengths) decide counts, index vectors and launch
 shapes; device values are written by device ops into caller-given persistent buffers and never

@@ -1,5 +1,5 @@
-"""Decode planning (SPEC 3.2, 3.4): the decode/prefill split, flattened decode rows, and the
-shape-only native-decode decision.
+"""Decode planning (docs/contract.md sections 3.2, 3.4): the decode/prefill split, flattened
+decode rows, and the shape-only native-decode decision.
 
 Host values decide only counts and index vectors; every per-step value a graph reads is written
 by device ops into caller-given persistent buffers, so nothing here reads a device tensor back.
@@ -42,7 +42,8 @@ def native_decode(
     next_n: int,
     context_lens: torch.Tensor,
 ) -> NativeDecode | None:
-    """The decode rows as `next_n`-row sequences, when the shape allows it (SPEC 3.4).
+    """The decode rows as `next_n`-row sequences, when the shape allows it (docs/contract.md
+    section 3.4).
 
     `row_lens` `[rows]` and `row_block_table` `[rows, max_blocks]` are the flattened decode
     rows; `query_lens` the decode requests' query lengths (host, `[num_reqs]`); `context_lens`
@@ -122,7 +123,7 @@ def build_decode_rows(
     index_scratch: torch.Tensor,
     num_real_reqs: int | None = None,
 ) -> DecodeRows:
-    """Fill the flattened decode rows of SPEC 3.2 into persistent buffers.
+    """Fill the flattened decode rows of docs/contract.md section 3.2 into persistent buffers.
 
     Inputs: `query_start_loc_cpu` host int32 `[num_reqs + 1]`; device `seq_lens` int32
     `[num_reqs]` and `block_table` int32 `[num_reqs, max_blocks]`; the first `num_decodes`
@@ -131,8 +132,9 @@ def build_decode_rows(
     Row j of a decode request with q rows and seq_len L gets row end
     `max(0, (L - q + j + 1) // R)` and that request's block-table row; padding rows get end 0
     and a zeroed row. Padding rows are the rows past `T`, and the rows of every request at
-    index >= `num_real_reqs` (runtime padding requests, SPEC 3.2a; None: every request is
-    real), which therefore read no page whatever their lengths and table rows. The clamp at 0
+    index >= `num_real_reqs` (runtime padding requests, docs/contract.md section 3.2a; None:
+    every request is real), which therefore read no page whatever their lengths and table
+    rows. The clamp at 0
     makes a request with `seq_len < q` (vLLM's `arange` padding) give ends of 0, never
     negative, even when it is not declared padding.
     `block_ends = ceil(row_lens / C)` when `candidate_block_size` C > 0.

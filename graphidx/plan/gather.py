@@ -1,4 +1,4 @@
-"""Candidate-consumer prefill launches (SPEC 3.3, `plan_gather_launches`).
+"""Candidate-consumer prefill launches (docs/contract.md section 3.3, `plan_gather_launches`).
 
 A consumer's logits are `rows x num_candidate_cols` whatever the context, so the dense split
 (which cuts by context width) would launch it far too often. Here a request's rows are joined

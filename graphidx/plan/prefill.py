@@ -1,4 +1,5 @@
-"""Prefill planning (SPEC 3.3): the logits-budget split, chunk construction, launch plans.
+"""Prefill planning (docs/contract.md section 3.3): the logits-budget split, chunk
+construction, launch plans.
 
 Coordinates: `split_prefill_chunks` returns row slices counted from the first query row of
 each group (the seed's convention); `build_prefill_chunks` adds `query_start_loc` of the
@@ -52,8 +53,8 @@ def split_prefill_chunks(
 
     Returns `(request slice, row slice)` pairs in order: the request slice covers the whole
     group, offset by `request_offset`; the row slice counts from the group's first query row
-    (0 for every group). This is the seed's chunker exactly (SPEC 3.3); a caller wanting step
-    rows adds `query_start_loc` of the request slice's start.
+    (0 for every group). This is the seed's chunker exactly (docs/contract.md section 3.3); a
+    caller wanting step rows adds `query_start_loc` of the request slice's start.
     """
     check_positive_int("max_logits_bytes", max_logits_bytes)
     check_non_negative_int("request_offset", request_offset)
@@ -265,7 +266,7 @@ def plan_prefill_chunks(
     row_ends_out: torch.Tensor | None = None,
     block_ends_out: torch.Tensor | None = None,
 ) -> list[PrefillPlan]:
-    """One `PrefillPlan` per chunk (SPEC 3.3).
+    """One `PrefillPlan` per chunk (docs/contract.md section 3.3).
 
     A chunk needs only the seed's fields (`token_start`, `token_end`, `num_reqs`,
     `block_table`, `cu_seqlen_ks`, `cu_seqlen_ke`): its first request, the one its block

@@ -1,4 +1,5 @@
-"""StepBatch: construction, the convenience constructor, and every validation rule (SPEC 3.1)."""
+"""StepBatch: construction, the convenience constructor, and every validation rule
+(docs/contract.md section 3.1)."""
 
 from __future__ import annotations
 
@@ -291,7 +292,7 @@ def test_repr_is_short() -> None:
     assert "num_reqs=4" in text and "num_tokens=48" in text and "(4, 16)" in text
 
 
-# Padding requests (SPEC 3.2a) ----------------------------------------------------------
+# Padding requests (docs/contract.md section 3.2a) ----------------------------------------
 
 # CONFIG: next_n = 2, R = 2 (a seq_len-1 request sees no entry); R1 at R = 1 sees one.
 R1 = CONFIG.replace(compress_ratio=1, block_size=32)

@@ -1,5 +1,5 @@
-"""The metadata builders (SPEC 3.5): configuration errors, build() against brute force,
-persistent buffers, and the no-device-to-host rule."""
+"""The metadata builders (docs/contract.md section 3.5): configuration errors, build()
+against brute force, persistent buffers, and the no-device-to-host rule."""
 
 from __future__ import annotations
 

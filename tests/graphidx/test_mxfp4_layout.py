@@ -1,4 +1,4 @@
-"""The preshuffled page layout, checked byte by byte against SPEC section 4's order."""
+"""The preshuffled page layout, checked byte by byte against docs/contract.md section 4's order."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ LAYOUTS = [
 
 
 def spec_offsets(layout: CacheLayout) -> tuple[dict[tuple[int, int], int], dict]:
-    """Walk a page in storage order, as SPEC 4 words it, and record who owns each byte."""
+    """Walk a page in storage order, as docs/contract.md section 4 words it, and record who
+    owns each byte."""
     n = layout.n_per_tile
     d = layout.head_dim
     value_at: dict[tuple[int, int], int] = {}

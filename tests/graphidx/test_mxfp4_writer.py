@@ -49,8 +49,8 @@ def check_write(
     assert torch.equal(got_scales, want_scales[keep])
 
     # Expected storage: the old bytes with only the written entries' bytes replaced, at
-    # positions spelled out from SPEC 4 here; padding past page_bytes and the gap between
-    # rows must not change.
+    # positions spelled out from docs/contract.md section 4 here; padding past page_bytes and
+    # the gap between rows must not change.
     expected = before_storage.clone()
     for i, (page, entry) in enumerate(zip(pages.tolist(), entries.tolist(), strict=True)):
         expected[page, _value_positions(layout, entry)] = want_values[keep][i]
@@ -59,7 +59,7 @@ def check_write(
 
 
 def _value_positions(layout: CacheLayout, entry: int) -> list[int]:
-    # SPEC 4, written out: [tile][16-byte chunk][entry][byte].
+    # docs/contract.md section 4, written out: [tile][16-byte chunk][entry][byte].
     n, half = layout.n_per_tile, layout.head_dim // 2
     tile, local = divmod(entry, n)
     return [tile * n * half + (b // 16) * n * 16 + local * 16 + b % 16 for b in range(half)]

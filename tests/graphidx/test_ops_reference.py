@@ -1,4 +1,5 @@
-"""The torch reference of every op against float64 math on random data (OPS_CONTRACT 1-6).
+"""The torch reference of every op against float64 math on random data (docs/contract.md
+sections 5.1-5.6).
 
 Outputs are poisoned (NaN, or a sentinel int) before each call so unwritten elements fail.
 The paged cache has shuffled pages with a stride wider than a page, and every byte no op

@@ -1,4 +1,4 @@
-"""The Triton backend of every op against the torch reference (OPS_CONTRACT 1-6).
+"""The Triton backend of every op against the torch reference (docs/contract.md sections 5.1-5.6).
 
 Runs under the Triton interpreter on a CPU (tests/conftest.py sets TRITON_INTERPRET=1), so
 shapes are small. On a GPU machine the tests in `GPU_READY` run the kernels on the GPU
@@ -549,8 +549,8 @@ def test_dense_default_config_at_128_columns(gen: torch.Generator) -> None:
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_dense_prefill_mma_shaped_tile_loads(gen: torch.Generator, prefetch: bool) -> None:
     """Prefill row blocks (query_start_loc, seqs of 5 / 0 / 9 rows) through the operand-layout
-    loads, with and without the register prefetch (the GPU default since session 8):
-    unaligned seq heads, causal ends inside and on tile boundaries."""
+    loads, with and without the register prefetch (the default when tiles lie within a
+    page): unaligned seq heads, causal ends inside and on tile boundaries."""
     from graphidx.ops.kernels.logits import LogitsConfig, uses_mma_rows
 
     config = LogitsConfig(block_n=64, block_r=4, num_warps=4, num_stages=1, max_registers=None,

@@ -1,4 +1,5 @@
-"""Bad arguments raise ValueError naming the argument, before any output changes (SPEC 9)."""
+"""Bad arguments raise ValueError naming the argument, before any output changes
+(docs/contract.md section 9)."""
 
 from __future__ import annotations
 

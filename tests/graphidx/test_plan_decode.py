@@ -315,7 +315,7 @@ def test_build_decode_rows_matches_brute_force(
         assert rows.block_ends is not None and rows.block_ends.tolist() == ends
 
 
-# padding conventions (SPEC 3.2a) -------------------------------------------------------
+# padding conventions (docs/contract.md section 3.2a) -------------------------------------
 
 # query rows and seq_len of one padding request of each convention, for a given next_n.
 PADDING = {

@@ -1,4 +1,4 @@
-"""Candidate-consumer prefill launches (SPEC 3.3, `plan_gather_launches`)."""
+"""Candidate-consumer prefill launches (docs/contract.md section 3.3, `plan_gather_launches`)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class Step:
 
         As the builder hands it over: seed fields only, its block table starting at the
         request holding `start` (or at `table_from`, the plan's `requests` then indexing from
-        there), and its plan per SPEC 3.3 (`first_request` holds `start`).
+        there), and its plan per docs/contract.md section 3.3 (`first_request` holds `start`).
         """
         first = self.holder(start)
         base = first if table_from is None else table_from

@@ -1,4 +1,5 @@
-"""Prefill planning: the logits-budget split, chunk construction, and chunk plans (SPEC 3.3)."""
+"""Prefill planning: the logits-budget split, chunk construction, and chunk plans
+(docs/contract.md section 3.3)."""
 
 from __future__ import annotations
 
@@ -26,13 +27,15 @@ def _pairs(out: list[tuple[slice, slice]]) -> list[tuple[tuple[int, int], tuple[
     return [((r.start, r.stop), (q.start, q.stop)) for r, q in out]
 
 
-# The seed's rule (SPEC 3.3), written independently: groups first, then their slices. -----
+# The seed's rule (docs/contract.md section 3.3), written independently: groups first, then
+# their slices. ------------------------------------------------------------------------------
 
 
 def _seed_split(
     contexts: list[int], query_lens: list[int], budget: int, offset: int = 0
 ) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """SPEC 3.3 verbatim in plain loops: `((request lo, hi), (row lo, hi))` pairs."""
+    """docs/contract.md section 3.3 verbatim in plain loops: `((request lo, hi), (row lo, hi))`
+    pairs."""
 
     def max_rows(width: int) -> int:
         return max(1, budget // (4 * max(width, 1)))
@@ -65,7 +68,7 @@ def _seed_split(
 
 
 def test_split_spec_example_wide_second_request() -> None:
-    # SPEC 3.3: contexts [1, 5000], rows [17, 300], 4000 bytes -> 301 pairs.
+    # docs/contract.md section 3.3: contexts [1, 5000], rows [17, 300], 4000 bytes -> 301 pairs.
     out = _pairs(split_prefill_chunks([1, 5000], [17, 300], 4000))
     assert len(out) == 301
     assert out[:3] == [((0, 1), (0, 17)), ((1, 2), (0, 1)), ((1, 2), (1, 2))]
@@ -75,7 +78,8 @@ def test_split_spec_example_wide_second_request() -> None:
 
 
 def test_split_spec_example_zero_contexts() -> None:
-    # SPEC 3.3: a zero context counts as width 1 (50 rows per slice at 200 bytes) -> 71 pairs.
+    # docs/contract.md section 3.3: a zero context counts as width 1 (50 rows per slice at 200
+    # bytes) -> 71 pairs.
     out = _pairs(split_prefill_chunks([0, 0, 5000], [2, 300, 64], 200))
     assert len(out) == 71
     assert out[:3] == [((0, 1), (0, 2)), ((1, 2), (0, 50)), ((1, 2), (50, 100))]
@@ -85,7 +89,7 @@ def test_split_spec_example_zero_contexts() -> None:
 
 
 def test_split_spec_example_zero_rows_join_the_next_group() -> None:
-    # SPEC 3.3: the zero-row request 0 joins request 1's group -> 65 pairs.
+    # docs/contract.md section 3.3: the zero-row request 0 joins request 1's group -> 65 pairs.
     out = _pairs(split_prefill_chunks([65536, 1, 999], [0, 64, 64], 262144))
     assert len(out) == 65
     assert out[:2] == [((0, 2), (0, 1)), ((0, 2), (1, 2))]
@@ -595,12 +599,13 @@ def test_plan_errors(gen: torch.Generator) -> None:
         _plans(step, [chunk(0, 4, 1)] * 9, small, 0, None)
 
 
-# Differential: builder + planner against SPEC 3.3 applied by hand -----------------------
+# Differential: builder + planner against docs/contract.md section 3.3 applied by hand ----
 
 
 @dataclass
 class Expected:
-    """One chunk and its plan, computed row by row from SPEC 3.3 in plain loops."""
+    """One chunk and its plan, computed row by row from docs/contract.md section 3.3 in plain
+    loops."""
 
     token_start: int
     token_end: int

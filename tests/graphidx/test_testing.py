@@ -1,6 +1,6 @@
-"""The replay harness's padding cases (SPEC 3.2a): the runtimes' padding conventions are
-generated as declared padding requests, and replay agrees with the unpadded eager answer on
-the real rows."""
+"""The replay harness's padding cases (docs/contract.md section 3.2a): the runtimes' padding
+conventions are generated as declared padding requests, and replay agrees with the unpadded
+eager answer on the real rows."""
 
 from __future__ import annotations
 
