@@ -1,4 +1,4 @@
-"""The metadata builders (SPEC 3.5): a step's `StepBatch` in, its `IndexerMetadata` out.
+"""The metadata builders (docs/contract.md section 3.5): a `StepBatch` in, `IndexerMetadata` out.
 
 A builder is the `plan()` half of a plan/run split: it runs on the host before the step's
 kernels, checks the configuration once, allocates every per-step buffer once at its maximum
@@ -7,10 +7,21 @@ size, and on each `build()` fills those buffers with device ops and returns view
 so it can run while the previous step's kernels are still in flight, and a captured graph that
 reads the buffers sees each step's values.
 
+Two ways to use one:
+- A runtime that owns its graph calls `build()` outside the graph (host planning, like
+  FlashInfer's `plan()`) and captures the layers on the metadata it returns. Such a graph reads
+  the batch's device tensors (`seq_lens`, `block_table`) and the builder's `buffers()` —
+  exactly the ones named there, all allocated once — and `build()` writes only those buffers
+  (plus, for prefill, host staging that no graph reads). It must keep each captured shape's
+  block-table width and call `build()` before every replay.
+- `uniform_decode()` gives a captured uniform decode shape metadata whose values the graph
+  derives itself (one device op from persistent `seq_lens` and a live-request count), so a
+  replay needs no `build()` at all: what `IndexerGraphRunner` does.
+
 Buffer sizes: rows `config.max_num_batched_tokens`, requests `config.max_num_seqs`, block-table
 columns `config.max_blocks_per_seq`. Views of the row block table are contiguous
 `[rows, max_blocks]` blocks at the buffer's start, `max_blocks` being the batch's block-table
-width: a graph runner keeps that width fixed per captured shape (as it does the batch's).
+width.
 """
 
 from __future__ import annotations
@@ -388,7 +399,8 @@ class IndexerMetadataBuilder:
             )
 
     def build(self, batch: StepBatch) -> IndexerMetadata:
-        """Fill the persistent buffers for `batch` and return the step's metadata (SPEC 3.5).
+        """Fill the persistent buffers for `batch` and return the step's metadata
+        (docs/contract.md section 3.5).
 
         Returns the split counts; decode rows (a pure-decode step's rows run to
         `batch.num_tokens`, so graph padding rows are decode rows; with prefills present the
