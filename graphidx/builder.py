@@ -95,9 +95,9 @@ class CapturedDecode:
     """A uniform decode shape's metadata and the device op that fills it.
 
     `metadata` is fixed for the shape (views of persistent buffers; no value in it depends
-    on a step); `derive()` runs `derive_uniform_decode` (and, for flattened rows of several
-    requests' tokens, the per-row block table) from the persistent raw inputs. A graph that
-    captures `derive()` before the layers recomputes every derived value at each replay.
+    on a step); `derive()` runs `derive_uniform_decode` from the persistent raw inputs. A
+    graph that captures `derive()` before the layers recomputes every derived value at each
+    replay.
     """
 
     metadata: IndexerMetadata
@@ -214,14 +214,6 @@ class IndexerMetadataBuilder:
             # zero-filled, it reads as untrusted until built.
             groups = min(rows, reqs * config.next_n)
             buffer("schedule", schedule_ints(groups, config.logits_width))
-        if config.adaptive_verification and config.next_n > 1:
-            # Flattened uniform decode rows read their request's block-table row: row r
-            # belongs to request r // next_n (a fixed map, so a graph can gather with it).
-            decode_rows = min(rows, reqs * config.next_n)
-            buffer("row_request", decode_rows)
-            self._buffers["row_request"].copy_(
-                torch.arange(decode_rows, dtype=torch.int32, device=self.device) // config.next_n
-            )
         self._decode_staging = _HostStaging(2 * rows, self.device)
         self._prefill_staging = _HostStaging(3 * rows, self.device)
         self._row_table_flat = self._buffers["row_block_table"].view(-1)
@@ -281,10 +273,11 @@ class IndexerMetadataBuilder:
         `num_live_reqs` int32 `[1]` are persistent device tensors (a graph reads them in
         place); requests `[num_live_reqs, num_reqs)` are padding whatever their lengths
         hold. Nothing is computed here: `derive()` fills the row ends, block ends,
-        compressed contexts and schedule on the device (one op; plus the per-row block
-        table for flattened rows under adaptive verification). The decode kernels read the
+        compressed contexts and schedule on the device (one op). The decode kernels read the
         request block table directly (row r belongs to request r // next_n): native
-        `next_n` grouping, or one row per request when next_n is 1. Decode logits span the
+        `next_n` grouping (one K walk per request), one row per request when next_n is 1.
+        Under adaptive verification too, since a uniform shape's rows have that ownership
+        (the host planner's flattened rows give the same answers). Decode logits span the
         whole `logits_width`, and candidate consumers always gather, as a FULL graph needs.
         `backend`: the ops backend of `derive()` (None: the device's default).
         """
@@ -323,16 +316,7 @@ class IndexerMetadataBuilder:
         row_lens = b["row_lens"][:rows]
         block_ends = b["block_ends"][:rows] if config.has_candidates else None
         schedule = b.get("schedule")
-        flattened_rows = config.adaptive_verification and next_n > 1
-        group_rows = 1 if flattened_rows else next_n
-        native = None
-        table = block_table
-        if group_rows > 1:
-            native = NativeDecode(next_n, context_lens, block_table)
-        if flattened_rows:
-            flat = b["row_block_table"].view(-1)[: rows * block_table.shape[1]]
-            table = flat.view(rows, block_table.shape[1])
-            row_request = b["row_request"][:rows]
+        native = NativeDecode(next_n, context_lens, block_table) if next_n > 1 else None
 
         def derive() -> None:
             derive_uniform_decode(
@@ -345,13 +329,11 @@ class IndexerMetadataBuilder:
                 next_n=next_n,
                 compress_ratio=config.compress_ratio,
                 candidate_block_size=config.candidate_block_size if block_ends is not None else 0,
-                group_rows=group_rows,
+                group_rows=next_n,
                 backend=backend,
             )
-            if flattened_rows:
-                torch.index_select(block_table, 0, row_request, out=table)
 
-        decode = DecodeMetadata(row_lens, table, block_ends, native, schedule, width=None)
+        decode = DecodeMetadata(row_lens, block_table, block_ends, native, schedule, width=None)
         metadata = IndexerMetadata(
             num_reqs=num_reqs,
             num_tokens=rows,

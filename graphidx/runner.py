@@ -287,7 +287,8 @@ class IndexerGraphRunner:
     def _own_views(self, layer_inputs: Sequence[LayerInput], num_tokens: int) -> bool:
         """Whether `layer_inputs` is a tuple `input_views` returned, of >= num_tokens rows:
         then it needs neither checks nor copies."""
-        rows = layer_inputs[0].q.shape[0] if layer_inputs else -1
+        first = layer_inputs[0] if layer_inputs else None
+        rows = first.q.shape[0] if isinstance(first, LayerInput) else -1
         return self._views.get(rows) is layer_inputs and rows >= num_tokens
 
     def total_bytes(self) -> int:
@@ -463,7 +464,7 @@ class IndexerGraphRunner:
         if batch.num_pages is None or batch.num_pages > self.num_pages:
             raise ValueError(
                 f"batch.num_pages = {batch.num_pages}: a runner step needs a batch validated "
-                f"against its caches (num_pages <= {self.num_pages})"
+                f"against its caches (num_pages = {self.num_pages})"
             )
 
     def _check_layer_input(self, i: int, inp: LayerInput, num_tokens: int) -> None:

@@ -115,6 +115,11 @@ def test_layer_inputs_are_checked() -> None:
     )
     with pytest.raises(ValueError, match=r"layer_inputs\[0\].weights must be torch.float32"):
         runner.step(case.batch, (bad, *case.inputs[1:]))
+    as_tuples = [(i.q, i.q_scale, i.weights) for i in case.inputs]
+    with pytest.raises(ValueError, match=r"layer_inputs\[0\] must be a LayerInput"):
+        runner.step(case.batch, as_tuples)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"batch must be a StepBatch"):
+        runner.step({}, case.inputs)  # type: ignore[arg-type]
 
 
 def test_capture_sizes_must_match_next_n() -> None:
