@@ -44,12 +44,14 @@ from graphidx.metadata import (
     NativeDecode,
     PrefillChunk,
     PrefillPlan,
+    RequestRows,
 )
 from graphidx.ops.schedule import build_decode_schedule, derive_uniform_decode
 from graphidx.ops.schedule_format import schedule_ints
 from graphidx.plan import (
     build_decode_rows,
     build_prefill_chunks,
+    derive_request_rows,
     native_decode,
     plan_gather_launches,
     plan_prefill_chunks,
@@ -209,6 +211,8 @@ class IndexerMetadataBuilder:
         if config.has_candidates:
             buffer("block_ends", rows)
             buffer("prefill_block_ends", rows)
+        if config.adaptive_verification and config.next_n > 1:
+            buffer("request_offsets", reqs + 1)  # a captured step's rows by device offsets
         if self.decode_schedule:
             # One group per decode row at most (a flattened launch), each up to logits_width;
             # zero-filled, it reads as untrusted until built.
@@ -265,6 +269,7 @@ class IndexerMetadataBuilder:
         block_table: torch.Tensor,
         num_live_reqs: torch.Tensor,
         *,
+        query_start_loc: torch.Tensor | None = None,
         backend: str | None = None,
     ) -> CapturedDecode:
         """The metadata of a uniform decode step of `num_reqs` requests of `next_n` rows.
@@ -276,10 +281,14 @@ class IndexerMetadataBuilder:
         compressed contexts and schedule on the device (one op). The decode kernels read the
         request block table directly (row r belongs to request r // next_n): native
         `next_n` grouping (one K walk per request), one row per request when next_n is 1.
-        Under adaptive verification too, since a uniform shape's rows have that ownership
-        (the host planner's flattened rows give the same answers). Decode logits span the
-        whole `logits_width`, and candidate consumers always gather, as a FULL graph needs.
-        `backend`: the ops backend of `derive()` (None: the device's default).
+        Under adaptive verification with next_n > 1 the rows' owners come from the device
+        instead: `query_start_loc` (int32 `[num_reqs + 1]`, persistent) holds the live
+        requests' real row offsets, `derive()` computes the row ends from them
+        (`graphidx.plan.derive_request_rows`, device ops), and the layers group the rows by
+        those offsets (`RequestRows`: still one K walk per request; no schedule). Decode
+        logits span the whole `logits_width`, and candidate consumers always gather, as a
+        FULL graph needs. `backend`: the ops backend of `derive()` (None: the device's
+        default).
         """
         config = self.config
         next_n = config.next_n
@@ -315,6 +324,14 @@ class IndexerMetadataBuilder:
         context_lens = b["context_lens"][:num_reqs]
         row_lens = b["row_lens"][:rows]
         block_ends = b["block_ends"][:rows] if config.has_candidates else None
+        if "request_offsets" in b:
+            if query_start_loc is None:
+                raise ValueError(
+                    "adaptive_verification: uniform_decode needs the device query_start_loc"
+                )
+            return self._request_rows_decode(
+                num_reqs, seq_lens, block_table, num_live_reqs, query_start_loc
+            )
         schedule = b.get("schedule")
         native = NativeDecode(next_n, context_lens, block_table) if next_n > 1 else None
 
@@ -334,6 +351,61 @@ class IndexerMetadataBuilder:
             )
 
         decode = DecodeMetadata(row_lens, block_table, block_ends, native, schedule, width=None)
+        metadata = IndexerMetadata(
+            num_reqs=num_reqs,
+            num_tokens=rows,
+            num_decodes=num_reqs,
+            num_decode_tokens=rows,
+            num_prefills=0,
+            num_prefill_tokens=0,
+            context_lens=context_lens,
+            decode=decode,
+            decode_use_gather=self._captured_decode_gathers(),
+        )
+        return CapturedDecode(metadata, derive)
+
+    def _request_rows_decode(
+        self,
+        num_reqs: int,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        num_live_reqs: torch.Tensor,
+        query_start_loc: torch.Tensor,
+    ) -> CapturedDecode:
+        """`uniform_decode` under adaptive verification: rows owned by device offsets."""
+        config = self.config
+        if query_start_loc.dtype != torch.int32 or tuple(query_start_loc.shape) != (num_reqs + 1,):
+            raise ValueError(
+                f"query_start_loc must be int32 ({num_reqs + 1},), got "
+                f"{query_start_loc.dtype} {tuple(query_start_loc.shape)}"
+            )
+        b = self._buffers
+        rows = num_reqs * config.next_n
+        context_lens = b["context_lens"][:num_reqs]
+        row_lens = b["row_lens"][:rows]
+        block_ends = b["block_ends"][:rows] if config.has_candidates else None
+        offsets = b["request_offsets"][: num_reqs + 1]
+
+        def derive() -> None:
+            derive_request_rows(
+                seq_lens,
+                num_live_reqs,
+                query_start_loc,
+                config.next_n,
+                config.compress_ratio,
+                config.candidate_block_size,
+                context_lens_out=context_lens,
+                row_lens_out=row_lens,
+                block_ends_out=block_ends,
+                query_start_loc_out=offsets,
+            )
+
+        decode = DecodeMetadata(
+            row_lens,
+            block_table,
+            block_ends,
+            request_rows=RequestRows(offsets, context_lens, block_table),
+        )
         metadata = IndexerMetadata(
             num_reqs=num_reqs,
             num_tokens=rows,

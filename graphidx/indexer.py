@@ -71,9 +71,17 @@ def _check_layer_inputs(
 
 
 def _decode_grouping(metadata: IndexerMetadata) -> dict[str, object]:
-    """Keyword arguments of the decode rows' grouping: native next_n sequences or flat rows."""
+    """Keyword arguments of the decode rows' grouping: requests by device row offsets, native
+    next_n sequences, or flat rows."""
     decode = metadata.decode
     assert decode is not None
+    if decode.request_rows is not None:
+        rows = decode.request_rows
+        return {
+            "context_lens": rows.context_lens,
+            "block_table": rows.block_table,
+            "query_start_loc": rows.query_start_loc,
+        }
     if decode.native is not None:
         return {
             "context_lens": decode.native.context_lens,

@@ -97,6 +97,22 @@ class NativeDecode:
 
 
 @dataclass(frozen=True)
+class RequestRows:
+    """Decode rows grouped into their requests by device row offsets: one K walk serves a
+    request's rows whatever their number (a captured step under adaptive verification,
+    where the device query lengths, not the host's uniform placeholder, fix the rows).
+
+    `query_start_loc`: int32 `[num_reqs + 1]`, from 0 to the step's rows (padding requests
+    own the rows past the real ones, with no context); `context_lens` and `block_table`:
+    per request, `[num_reqs]` and `[num_reqs, max_blocks]`.
+    """
+
+    query_start_loc: torch.Tensor
+    context_lens: torch.Tensor
+    block_table: torch.Tensor
+
+
+@dataclass(frozen=True)
 class DecodeMetadata:
     """The flattened decode rows (docs/contract.md section 3.2), all views of persistent buffers.
 
@@ -107,7 +123,8 @@ class DecodeMetadata:
     `width`: the decode logits columns the layers score — None means the config's full
     `logits_width`, which is what a FULL graph must use (it is replayed for any context); an
     eager builder narrows it to the step's widest row end so that the kernels' grids and the
-    top-k shrink with the step.
+    top-k shrink with the step. `request_rows`: set when the rows are grouped by device row
+    offsets (see `RequestRows`); then `native` is None and there is no schedule.
     """
 
     row_lens: torch.Tensor
@@ -116,6 +133,7 @@ class DecodeMetadata:
     native: NativeDecode | None = None
     schedule: torch.Tensor | None = None
     width: int | None = None
+    request_rows: RequestRows | None = None
 
     @property
     def num_rows(self) -> int:

@@ -167,6 +167,8 @@ class IndexerGraphRunner:
                 f"capture size {self.capture_sizes.largest} exceeds the largest decode step "
                 f"of this config ({max_rows} rows)"
             )
+        # Under adaptive verification a captured step's rows follow the device offsets.
+        self._rows_from_device = config.adaptive_verification and config.next_n > 1
         self.graphs = GraphCache(get_backend(graph_backend), buffers=StaticBuffers(self.device))
         self.buffers = self._allocate_inputs()
         builder_type = (
@@ -248,6 +250,8 @@ class IndexerGraphRunner:
         buffers.add("seq_lens", (reqs,), torch.int32)
         buffers.add("block_table", (reqs, cfg.max_blocks_per_seq), torch.int32)
         buffers.add("num_live_reqs", (1,), torch.int32)
+        if self._rows_from_device:
+            buffers.add("query_start_loc", (reqs + 1,), torch.int32)
         h, d = cfg.num_heads, cfg.head_dim
         for i in range(self.stack.num_layers):
             buffers.add(f"q.{i}", (tokens, h, d // 2), torch.uint8)
@@ -322,6 +326,11 @@ class IndexerGraphRunner:
         b["seq_lens"][:reqs].fill_(self.config.next_n)
         b["block_table"][:reqs].zero_()
         b["num_live_reqs"].fill_(reqs)
+        if self._rows_from_device:
+            next_n = self.config.next_n
+            b["query_start_loc"][: reqs + 1].copy_(
+                torch.arange(0, (reqs + 1) * next_n, next_n, dtype=torch.int32)
+            )
         return self._uniform_step(shape)
 
     def _uniform_step(self, shape: StepShape) -> Callable[[], None]:
@@ -345,6 +354,9 @@ class IndexerGraphRunner:
                 b["seq_lens"][:reqs],
                 b["block_table"][:reqs],
                 b["num_live_reqs"],
+                query_start_loc=b["query_start_loc"][: reqs + 1]
+                if self._rows_from_device
+                else None,
                 backend=self.ops_backend,
             )
             self._uniform[shape] = captured
@@ -362,9 +374,13 @@ class IndexerGraphRunner:
     ) -> StepResult:
         """Run one step of every indexer layer; return the top-k of the real rows.
 
-        A uniform decode step (every real request has `next_n` query rows; runtime padding
-        requests after them, `batch.num_real_reqs`, are ignored) is padded to the next
-        captured size and replayed when that size was captured; anything else runs eagerly
+        A uniform decode step (every real request has `next_n` query rows by the host
+        offsets; runtime padding requests after them, `batch.num_real_reqs`, are ignored) is
+        padded to the next captured size and replayed when that size was captured. Under
+        adaptive verification the host offsets may be that uniform placeholder while the
+        device `batch.query_start_loc` holds the real rows (packed from row 0, at most
+        `next_n * num_real_reqs` of them): the graph derives the rows' owners and ends from
+        the device offsets, and rows past the real ones get no picks. Anything else runs eagerly
         (counted with its reason). `force_eager` runs the same padded step eagerly;
         `pad=False` plans the real requests on the host and runs them eagerly, unpadded
         (both used by the replay-correctness harness). `synchronize=True` waits for the
@@ -500,6 +516,8 @@ class IndexerGraphRunner:
         live = batch.num_real_reqs
         _copy_rows(b["seq_lens"], batch.seq_lens, live)
         _copy_rows(b["block_table"], batch.block_table, live)
+        if self._rows_from_device:
+            _copy_rows(b["query_start_loc"], batch.query_start_loc, live + 1)
         b["num_live_reqs"].fill_(live)
         for i, inp in enumerate(layer_inputs or ()):
             _copy_rows(b[f"q.{i}"], inp.q, num_real)

@@ -39,7 +39,7 @@ RUNTIME_PADDING = {
 }
 """Case kinds of the runtimes' padding conventions -> `graphidx.batch.PADDING_FORMS` name."""
 PADDED_KINDS = ("padded", *RUNTIME_PADDING)
-KINDS = ("decode", "ragged", "padded", "mixed", "prefill", *RUNTIME_PADDING)
+KINDS = ("decode", "ragged", "padded", "mixed", "prefill", *RUNTIME_PADDING, "adaptive")
 
 
 @dataclass(frozen=True)
@@ -49,15 +49,19 @@ class StepCase:
     kind: str
     batch: StepBatch
     inputs: tuple[LayerInput, ...]
+    device_rows: StepBatch | None = None
 
     @property
     def num_real_tokens(self) -> int:
         """Rows of the real requests (runtime padding requests' rows excluded)."""
-        return self.batch.num_real_tokens
+        return self.reference.num_real_tokens
 
     @property
     def reference(self) -> StepBatch:
-        """The real requests alone, unpadded: what the replayed step must agree with."""
+        """The real requests alone, unpadded: what the replayed step must agree with. For
+        an "adaptive" case, the step as its device offsets lay it out (`device_rows`)."""
+        if self.device_rows is not None:
+            return self.device_rows
         return self.batch.without_padding()
 
 
@@ -165,6 +169,8 @@ class StepGenerator:
             kind = PADDED_KINDS[int(self.rng.integers(0, len(PADDED_KINDS)))]
         if kind in RUNTIME_PADDING:
             return self._runtime_padded_case(kind)
+        if kind == "adaptive":
+            return self._adaptive_case()
         if kind in ("decode", "ragged", "padded"):
             query_lens = self._decode_query_lens(kind)
         elif kind == "mixed":
@@ -242,6 +248,47 @@ class StepGenerator:
             num_real_reqs=num_real,
         )
         return StepCase(kind, batch, self._inputs(num_tokens))
+
+    def _adaptive_case(self) -> StepCase:
+        """Adaptive verification: the drafts reallocated between requests. The host offsets
+        are the uniform placeholder (next_n rows each, as vLLM passes them); the device
+        offsets hold each request's real rows (1 to next_n + 1, at most next_n per request
+        on average), packed from row 0. `device_rows` is the same step with real offsets on
+        both sides, the reference. Needs a config with adaptive verification and next_n > 1
+        (otherwise a uniform decode case)."""
+        cfg = self.config
+        next_n = cfg.next_n
+        if not cfg.adaptive_verification or next_n == 1:
+            return self.case("decode")
+        n = int(self.rng.integers(1, self._max_reqs(next_n) + 1))
+        budget = n * next_n
+        real: list[int] = []
+        for i in range(n):
+            left = n - i - 1  # every later request keeps at least one row
+            real.append(int(self.rng.integers(1, min(next_n + 1, budget - left) + 1)))
+            budget -= real[-1]
+        seq_lens = [self._context(next_n + 1) for _ in real]
+        table = self._block_table(seq_lens)
+        tokens = n * next_n
+        device_rows = StepBatch.from_lists(
+            cfg, real, seq_lens, table, num_pages=self.num_pages, device=self.device
+        )
+        placeholder = StepBatch.from_lists(
+            cfg, [next_n] * n, seq_lens, table, num_pages=self.num_pages, device=self.device
+        )
+        batch = StepBatch(
+            placeholder.query_start_loc_cpu,
+            placeholder.seq_lens_upper_bound,
+            device_rows.query_start_loc,
+            device_rows.seq_lens,
+            table,
+            config=cfg,
+            num_tokens=tokens,
+            num_pages=self.num_pages,
+            validate=False,
+        )
+        inputs = self._inputs(tokens)
+        return StepCase("adaptive", batch, inputs, device_rows)
 
     def _block_table(self, seq_lens: list[int]) -> torch.Tensor:
         """Random pages for each request's used entries: distinct within a request (so no

@@ -159,5 +159,5 @@ def run_replay_check(
 
 def _kind(gen: StepGenerator, index: int) -> str:
     """Half the cases uniform decode (the replayed path), the rest spread over other kinds."""
-    kinds = ("decode", "decode", "ragged", "padded", "mixed", "prefill")
+    kinds = ("decode", "decode", "ragged", "padded", "mixed", "prefill", "adaptive")
     return kinds[(index // 3) % len(kinds)]

@@ -10,6 +10,7 @@ from graphidx.plan.decode import (
     DecodeRows,
     build_decode_rows,
     decode_row_index,
+    derive_request_rows,
     native_decode,
     split_decodes_prefills,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "build_decode_rows",
     "build_prefill_chunks",
     "decode_row_index",
+    "derive_request_rows",
     "native_decode",
     "plan_gather_launches",
     "plan_prefill_chunks",

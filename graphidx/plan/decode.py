@@ -204,3 +204,55 @@ def build_decode_rows(
         torch.add(row_lens, candidate_block_size - 1, out=block_ends)
         block_ends.div_(candidate_block_size, rounding_mode="floor")
     return DecodeRows(row_lens, row_table, block_ends)
+
+
+def derive_request_rows(
+    seq_lens: torch.Tensor,
+    num_live_reqs: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    next_n: int,
+    compress_ratio: int,
+    candidate_block_size: int,
+    *,
+    context_lens_out: torch.Tensor,
+    row_lens_out: torch.Tensor,
+    block_ends_out: torch.Tensor | None,
+    query_start_loc_out: torch.Tensor,
+) -> None:
+    """A uniform decode shape's rows owned as the device row offsets say (device ops only).
+
+    For a step captured as `reqs` requests of `next_n` rows whose real query lengths live on
+    the device (adaptive verification: the host's offsets are a uniform placeholder).
+    Inputs, persistent int32 device tensors: `seq_lens` `[reqs]`, `num_live_reqs` `[1]`
+    (requests past it are padding: no rows, no context), `query_start_loc` `[reqs + 1]`, the
+    live requests' device row offsets (values past the live count are ignored). Offsets are
+    clamped into `[0, reqs * next_n]` and made non-decreasing, so no value can send a kernel
+    outside the step's rows. Writes: `context_lens_out[r] = L_r // R` (0 for padding);
+    `row_lens_out[t]` for every row t < reqs * next_n: row j of request r with q rows ends at
+    `max(L_r - q + j + 1, 0) // R`, rows past the live requests' rows at 0; `block_ends_out =
+    ceil(row_lens / C)` when given; `query_start_loc_out` `[reqs + 1]`: the clamped offsets
+    with the last entry at `reqs * next_n`, so the rows past the real ones belong to the last
+    request (a padding request, or a real one whose extra rows end at 0).
+    """
+    check_positive_int("next_n", next_n)
+    check_positive_int("compress_ratio", compress_ratio)
+    reqs = int(seq_lens.shape[0])
+    rows = reqs * next_n
+    device = seq_lens.device
+    bounds = torch.arange(reqs + 1, device=device)
+    live = num_live_reqs.to(torch.int64).clamp(0, reqs)
+    offsets = query_start_loc.to(torch.int64).clamp(0, rows)
+    offsets = torch.where(bounds == 0, 0, offsets).cummax(0).values
+    offsets = torch.where(bounds <= live, offsets, offsets.gather(0, live))
+    lens = torch.where(bounds[:reqs] < live, seq_lens.to(torch.int64), 0).clamp(min=0)
+    context_lens_out.copy_(lens // compress_ratio)
+    row = torch.arange(rows, device=device)
+    owner = torch.searchsorted(offsets[1:], row, right=True).clamp(max=reqs - 1)
+    query_lens = offsets[1:] - offsets[:-1]
+    step = row - offsets[owner]
+    ends = (lens[owner] - query_lens[owner] + step + 1).clamp(min=0) // compress_ratio
+    row_lens_out.copy_(torch.where(row < offsets[-1], ends, 0))
+    if block_ends_out is not None:
+        size = candidate_block_size
+        block_ends_out.copy_((row_lens_out + size - 1) // size)
+    query_start_loc_out.copy_(torch.where(bounds == reqs, rows, offsets))

@@ -312,3 +312,54 @@ def test_garbage_in_derived_buffers_and_padding_cannot_change_a_replay() -> None
     assert again.replayed
     assert torch.equal(torch.sort(again.topk.long(), -1).values, want)
     assert bool((runner.topk_buffer[:, rows : again.shape.num_tokens] == -1).all())
+
+
+ADAPTIVE = IndexerConfig.cpu_demo(
+    max_num_seqs=8,
+    max_num_batched_tokens=64,
+    max_model_len=2048,
+    adaptive_verification=True,
+    num_speculative_tokens=2,
+)
+
+
+def _adaptive_runner(seed: int) -> tuple[IndexerGraphRunner, StepGenerator]:
+    gen = StepGenerator(ADAPTIVE, STACK, num_pages=96, seed=seed, max_context=1500)
+    runner = IndexerGraphRunner(
+        ADAPTIVE,
+        STACK,
+        gen.kv_caches(),
+        "cpu",
+        graph_backend="tape",
+        capture_sizes=CaptureSizes(max_size=24, uniform_query_len=ADAPTIVE.next_n),
+    )
+    runner.capture()
+    return runner, gen
+
+
+def test_adaptive_draft_reallocation_replays_exactly() -> None:
+    """Host offsets a uniform placeholder, device offsets the reallocated drafts: the
+    replayed graph follows the device rows and equals the eager step over the real rows."""
+    runner, gen = _adaptive_runner(seed=5)
+    report = check_replay(runner, gen.cases(12, kinds=("adaptive",)))
+    assert report.ok, report.mismatches[:5]
+    assert report.replayed == 12
+
+
+def test_adaptive_rows_from_the_host_placeholder_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A captured step that trusted the host's uniform offsets would own the rows wrongly:
+    the harness must see it."""
+    import graphidx.builder as builder_module
+
+    derive = builder_module.derive_request_rows
+
+    def from_placeholder(seq_lens, live, offsets, next_n, *args, **kwargs):  # type: ignore[no-untyped-def]
+        uniform = torch.arange(0, (seq_lens.shape[0] + 1) * next_n, next_n, dtype=torch.int32)
+        return derive(seq_lens, live, uniform, next_n, *args, **kwargs)
+
+    monkeypatch.setattr(builder_module, "derive_request_rows", from_placeholder)
+    runner, gen = _adaptive_runner(seed=6)
+    report = check_replay(runner, gen.cases(6, kinds=("adaptive",)))
+    assert not report.ok

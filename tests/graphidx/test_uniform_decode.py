@@ -171,3 +171,54 @@ def test_uniform_decode_refuses_bad_shapes() -> None:
         builder.uniform_decode(4, seq[:3], table, live)
     with pytest.raises(ValueError, match="block_table"):
         builder.uniform_decode(4, seq, table[:3], live)
+
+
+def test_request_rows_follow_the_device_offsets() -> None:
+    """Rows owned as the device offsets say (adaptive verification), against brute force;
+    padding requests and rows past the real ones end at 0; garbage offsets are clamped."""
+    from graphidx.plan import derive_request_rows
+
+    next_n, ratio, size, reqs, live = 3, 2, 8, 5, 4
+    real = [1, 4, 3, 2]  # 10 of the 15 rows, one request above next_n
+    offsets = [0, 1, 5, 8, 10, 777]  # the padding request's offset is stale
+    seq = [9, 40, 3, 100, 2**30]
+    contexts = torch.full((reqs,), POISON, dtype=torch.int32)
+    rows = torch.full((reqs * next_n,), POISON, dtype=torch.int32)
+    blocks = torch.full((reqs * next_n,), POISON, dtype=torch.int32)
+    grouping = torch.full((reqs + 1,), POISON, dtype=torch.int32)
+    derive_request_rows(
+        torch.tensor(seq, dtype=torch.int32),
+        torch.tensor([live], dtype=torch.int32),
+        torch.tensor(offsets, dtype=torch.int32),
+        next_n,
+        ratio,
+        size,
+        context_lens_out=contexts,
+        row_lens_out=rows,
+        block_ends_out=blocks,
+        query_start_loc_out=grouping,
+    )
+    want = []
+    for q, length in zip(real, seq, strict=False):
+        want += [max(length - q + j + 1, 0) // ratio for j in range(q)]
+    want += [0] * (reqs * next_n - len(want))
+    assert rows.tolist() == want
+    assert blocks.tolist() == [-(-w // size) for w in want]
+    assert contexts.tolist() == [s // ratio for s in seq[:live]] + [0]
+    assert grouping.tolist() == [0, 1, 5, 8, 10, 15]
+    # Offsets that decrease or leave the step are clamped into a valid grouping.
+    derive_request_rows(
+        torch.tensor(seq, dtype=torch.int32),
+        torch.tensor([live], dtype=torch.int32),
+        torch.tensor([5, -3, 99, 2, 12, 0], dtype=torch.int32),
+        next_n,
+        ratio,
+        size,
+        context_lens_out=contexts,
+        row_lens_out=rows,
+        block_ends_out=blocks,
+        query_start_loc_out=grouping,
+    )
+    bounds = grouping.tolist()
+    assert bounds[0] == 0 and bounds[-1] == 15 and bounds == sorted(bounds)
+    assert all(r >= 0 for r in rows.tolist())
