@@ -87,18 +87,6 @@ _resolve_candidate_pool_op = torch.library.custom_op(
 )
 
 
-@_resolve_candidate_pool_op.register_fake
-def _resolve_candidate_pool_fake(
-    block_ids: torch.Tensor,
-    row_ends: torch.Tensor,
-    candidate_block_size: int,
-    positions: torch.Tensor,
-    live_cols: torch.Tensor,
-    backend: str,
-) -> None:
-    return None
-
-
 def _apply_candidate_mask_body(
     logits: torch.Tensor, positions: torch.Tensor, candidate_block_size: int, backend: str
 ) -> None:
@@ -111,13 +99,6 @@ def _apply_candidate_mask_body(
 _apply_candidate_mask_op = torch.library.custom_op(
     "graphidx::apply_candidate_mask", _apply_candidate_mask_body, mutates_args=("logits",)
 )
-
-
-@_apply_candidate_mask_op.register_fake
-def _apply_candidate_mask_fake(
-    logits: torch.Tensor, positions: torch.Tensor, candidate_block_size: int, backend: str
-) -> None:
-    return None
 
 
 def resolve_candidate_pool(

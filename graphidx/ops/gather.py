@@ -188,27 +188,6 @@ _gather_mqa_logits_op = torch.library.custom_op(
 )
 
 
-@_gather_mqa_logits_op.register_fake
-def _gather_mqa_logits_fake(
-    q: torch.Tensor,
-    q_scale: torch.Tensor,
-    kv_cache: torch.Tensor,
-    weights: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    positions: torch.Tensor,
-    live_cols: torch.Tensor,
-    out: torch.Tensor,
-    candidate_block_size: int,
-    query_start_loc: torch.Tensor | None,
-    next_n: int | None,
-    clean: bool,
-    page_entries: int,
-    backend: str,
-) -> None:
-    return None
-
-
 def _remap_compact_topk_body(
     compact_topk: torch.Tensor,
     positions: torch.Tensor,
@@ -223,17 +202,6 @@ def _remap_compact_topk_body(
 _remap_compact_topk_op = torch.library.custom_op(
     "graphidx::remap_compact_topk", _remap_compact_topk_body, mutates_args=("out",)
 )
-
-
-@_remap_compact_topk_op.register_fake
-def _remap_compact_topk_fake(
-    compact_topk: torch.Tensor,
-    positions: torch.Tensor,
-    candidate_block_size: int,
-    out: torch.Tensor,
-    backend: str,
-) -> None:
-    return None
 
 
 def gather_mqa_logits(

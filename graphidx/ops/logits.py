@@ -351,28 +351,6 @@ _paged_mqa_logits_op = torch.library.custom_op(
 )
 
 
-@_paged_mqa_logits_op.register_fake
-def _paged_mqa_logits_fake(
-    q: torch.Tensor,
-    q_scale: torch.Tensor,
-    kv_cache: torch.Tensor,
-    weights: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    row_ends: torch.Tensor,
-    out: torch.Tensor,
-    query_start_loc: torch.Tensor | None,
-    next_n: int | None,
-    schedule: torch.Tensor | None,
-    block_scores: torch.Tensor | None,
-    candidate_block_size: int,
-    clean: bool,
-    page_entries: int,
-    backend: str,
-) -> None:
-    return None
-
-
 def paged_mqa_logits(
     q: torch.Tensor,
     q_scale: torch.Tensor,

@@ -130,13 +130,6 @@ _build_decode_schedule_op = torch.library.custom_op(
 )
 
 
-@_build_decode_schedule_op.register_fake
-def _build_decode_schedule_fake(
-    row_lens: torch.Tensor, schedule: torch.Tensor, next_n: int, split_keys: int, backend: str
-) -> None:
-    return None
-
-
 def build_decode_schedule(
     row_lens: torch.Tensor,
     schedule: torch.Tensor,
@@ -248,24 +241,6 @@ _derive_uniform_decode_op = torch.library.custom_op(
     _derive_uniform_decode_body,
     mutates_args=("context_lens", "row_lens", "block_ends", "schedule"),
 )
-
-
-@_derive_uniform_decode_op.register_fake
-def _derive_uniform_decode_fake(
-    seq_lens: torch.Tensor,
-    num_live_reqs: torch.Tensor,
-    context_lens: torch.Tensor,
-    row_lens: torch.Tensor,
-    block_ends: torch.Tensor | None,
-    schedule: torch.Tensor | None,
-    next_n: int,
-    compress_ratio: int,
-    candidate_block_size: int,
-    group_rows: int,
-    split_keys: int,
-    backend: str,
-) -> None:
-    return None
 
 
 def derive_uniform_decode(

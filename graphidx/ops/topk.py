@@ -45,13 +45,6 @@ _topk_per_row_op = torch.library.custom_op(
 )
 
 
-@_topk_per_row_op.register_fake
-def _topk_per_row_fake(
-    logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor, backend: str
-) -> None:
-    return None
-
-
 def topk_per_row(
     logits: torch.Tensor,
     lengths: torch.Tensor,
