@@ -1,0 +1,351 @@
+"""Context parallel: one indexer over a K cache sharded across ranks (docs/contract.md section 10).
+
+The contract. `W = world_size` ranks share one indexer's K cache. Positions are indexer
+positions (compressed entries, the columns of a logits row). Rank `r` holds the positions `p`
+with `(p // S) % W == r`, `S = interleave`: runs of `S` positions dealt round-robin over the
+ranks. On its rank, position `p` has the *local index* `(p // (S * W)) * S + p % S`, so a
+rank's positions form the dense range `[0, n_local)` of an ordinary paged cache with the
+config's page_entries and layout; the map is increasing, so local order is global order.
+`S` must be a multiple of the candidate block size `C` (a candidate block lives on one rank,
+at a local index that is a multiple of `C`, so it stays within one page and one tile as it
+does on one rank). `ContextParallel.check(config)` refuses configurations that break this.
+
+Each rank scores only its positions: its row ends and context lengths are
+`local_lengths(ctx, global_ones)`, computed on the device. It keeps a local top-k of (score,
+global position) pairs (`local_topk`, k = the global k: a rank may hold all k winners), the
+ranks exchange them (`exchange_topk`, one all-gather through `torch.distributed`) and every
+rank merges them (`merge_topk`) into the same global top-k. Selection everywhere follows one
+total order: the larger score first, ties to the smaller global position; -inf scores and -1
+positions are never picked. Under that order the merge equals the single-rank top-k exactly
+(every global winner on rank r is among rank r's local winners) and is identical on every
+rank. NaN scores are not valid input (as in section 5.2).
+
+Everything on tensors is torch ops with no host sync (graph-capturable); sizes come from
+shapes and the host-side `ContextParallel`. Positions must stay below 2**31.
+Not built yet: the wiring into the config, builders, layers and runner (issue 30).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from graphidx.config import IndexerConfig
+from graphidx.mxfp4 import CacheLayout, cache_layout
+from graphidx.ops.validate import check_int, check_tensor
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = [
+    "ContextParallel",
+    "exchange_topk",
+    "global_positions",
+    "local_lengths",
+    "local_positions",
+    "local_topk",
+    "merge_topk",
+]
+
+_INT_DTYPES = (torch.int32, torch.int64)
+_TWO_32 = 2**32
+# Below every real selection key: the key of an entry that must never be picked.
+_NONE_KEY = torch.iinfo(torch.int64).min
+
+
+def _positive_int(name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ContextParallel:
+    """One rank's view of a context-parallel indexer: `world_size` ranks (W), this `rank`
+    (0 <= rank < W) and the `interleave` S (positions per run dealt to one rank)."""
+
+    world_size: int = 1
+    rank: int = 0
+    interleave: int = 1
+
+    def __post_init__(self) -> None:
+        _positive_int("world_size", self.world_size, 1)
+        _positive_int("interleave", self.interleave, 1)
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool):
+            raise ValueError(f"rank must be an int, got {self.rank!r}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"rank must satisfy 0 <= rank < world_size = {self.world_size}, got {self.rank}"
+            )
+
+    @property
+    def span(self) -> int:
+        """Positions in one round of runs over all ranks: S * W."""
+        return self.interleave * self.world_size
+
+    def local_count(self, n: int) -> int:
+        """Host ints: how many of the positions [0, n) this rank holds (static sizes, such as
+        the local logits width `local_count(config.logits_width)`; rank 0 holds the most)."""
+        n = max(0, n)
+        full, rem = divmod(n, self.span)
+        return full * self.interleave + min(
+            max(rem - self.rank * self.interleave, 0), self.interleave
+        )
+
+    def check(self, config: IndexerConfig) -> CacheLayout:
+        """Refuse a config this sharding cannot serve; returns the (rank-local) cache layout.
+
+        The interleave must be a multiple of candidate_block_size (a candidate block on one
+        rank), and the rank-local cache, an ordinary paged cache of page_entries entries per
+        page, must be tileable: `cache_layout` accepts page_entries, and under sparse logits
+        a candidate block fits one tile (C divides n_per_tile).
+        """
+        if not isinstance(config, IndexerConfig):
+            raise ValueError(f"config must be an IndexerConfig, got {type(config).__name__}")
+        c, s = config.candidate_block_size, self.interleave
+        if c and s % c:
+            raise ValueError(
+                f"interleave = {s} must be a multiple of candidate_block_size = {c} "
+                "(a candidate block must live on one rank)"
+            )
+        try:
+            layout = cache_layout(config.num_heads, config.head_dim, config.page_entries)
+        except ValueError as err:
+            raise ValueError(
+                f"page_entries = {config.page_entries} (block_size {config.block_size} // "
+                f"compress_ratio {config.compress_ratio}): the rank-local cache cannot be "
+                f"tiled: {err}"
+            ) from err
+        if config.sparse_logits and layout.n_per_tile % c:
+            raise ValueError(
+                f"candidate_block_size = {c} must divide the cache layout's n_per_tile = "
+                f"{layout.n_per_tile} (one candidate block within one tile of the rank-local "
+                "cache)"
+            )
+        return layout
+
+
+def _check_ctx(ctx: object) -> ContextParallel:
+    if not isinstance(ctx, ContextParallel):
+        raise ValueError(f"ctx must be a ContextParallel, got {type(ctx).__name__}")
+    return ctx
+
+
+def _check_int_tensor(name: str, tensor: object) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype not in _INT_DTYPES:
+        got = f"{tensor.dtype} tensor" if isinstance(tensor, torch.Tensor) else repr(tensor)
+        raise ValueError(f"{name} must be an int32 or int64 tensor, got {got}")
+    return tensor
+
+
+def local_positions(ctx: ContextParallel, positions: torch.Tensor) -> torch.Tensor:
+    """Local index of each global position on `ctx.rank`; -1 where the position is negative
+    or held by another rank. Same shape, dtype and device as `positions`."""
+    _check_ctx(ctx)
+    _check_int_tensor("positions", positions)
+    s, w, r = ctx.interleave, ctx.world_size, ctx.rank
+    p = positions.to(torch.int64)
+    owned = (p >= 0) & (torch.remainder(torch.div(p, s, rounding_mode="floor"), w) == r)
+    local = torch.div(p, s * w, rounding_mode="floor") * s + torch.remainder(p, s)
+    return torch.where(owned, local, -1).to(positions.dtype)
+
+
+def global_positions(ctx: ContextParallel, local: torch.Tensor) -> torch.Tensor:
+    """Global position of each local index of `ctx.rank`; -1 where the index is negative.
+    Same shape, dtype and device as `local`. Inverse of `local_positions` on owned ones."""
+    _check_ctx(ctx)
+    _check_int_tensor("local", local)
+    s, w, r = ctx.interleave, ctx.world_size, ctx.rank
+    q = local.to(torch.int64)
+    glob = torch.div(q, s, rounding_mode="floor") * (s * w) + r * s + torch.remainder(q, s)
+    return torch.where(q >= 0, glob, -1).to(local.dtype)
+
+
+def local_lengths(ctx: ContextParallel, lengths: torch.Tensor) -> torch.Tensor:
+    """How many of the positions [0, L) `ctx.rank` holds, for each L of `lengths` (negative
+    counts as 0). The rank's row ends and context lengths from the global ones, on the
+    device. Same shape, dtype and device as `lengths`."""
+    _check_ctx(ctx)
+    _check_int_tensor("lengths", lengths)
+    s, span, r = ctx.interleave, ctx.span, ctx.rank
+    n = lengths.to(torch.int64).clamp(min=0)
+    full = torch.div(n, span, rounding_mode="floor")
+    rem = n - full * span
+    return (full * s + (rem - r * s).clamp(0, s)).to(lengths.dtype)
+
+
+def _selection_keys(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """One int64 key per (score, position) whose order is the selection order: larger score
+    first, then smaller position; an entry that is never picked gets `_NONE_KEY`."""
+    # +0.0 turns -0.0 into +0.0, so that the two zeros tie as they do for torch.topk.
+    bits = (scores + 0.0).view(torch.int32).to(torch.int64)
+    # Negative floats: flipping all but the sign bit makes the int order the float order.
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    pos = positions.to(torch.int64)
+    key = ordered * _TWO_32 + (_TWO_32 - 1 - pos)
+    valid = (pos >= 0) & (scores != float("-inf"))
+    return torch.where(valid, key, _NONE_KEY)
+
+
+def _select(keys: torch.Tensor, k: int, out: torch.Tensor, out_scores: torch.Tensor | None) -> None:
+    """The k largest keys of each row of `keys` `[rows, n]`, in order, decoded into `out`
+    (positions, -1 padded) and `out_scores` (-inf padded)."""
+    picked = min(k, keys.shape[1])
+    if picked > 0:
+        top = torch.topk(keys, picked, dim=1, largest=True, sorted=True).values
+        none = top == _NONE_KEY
+        pos = (_TWO_32 - 1) - torch.remainder(top, _TWO_32)
+        out[:, :picked] = torch.where(none, -1, pos).to(torch.int32)
+        if out_scores is not None:
+            ordered = torch.div(top, _TWO_32, rounding_mode="floor")
+            bits = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(torch.int32)
+            values = bits.view(torch.float32)
+            out_scores[:, :picked] = torch.where(none, float("-inf"), values)
+    out[:, picked:] = -1
+    if out_scores is not None:
+        out_scores[:, picked:] = float("-inf")
+
+
+def _check_outputs(
+    rows: int, k: int, out: object, out_scores: object, device: torch.device
+) -> None:
+    check_int("k", k, minimum=1)
+    check_tensor("out", out, dtype=torch.int32, rank=2, device=device, shape=(rows, k))
+    if out_scores is not None:
+        check_tensor(
+            "out_scores", out_scores, dtype=torch.float32, rank=2, device=device, shape=(rows, k)
+        )
+
+
+def local_topk(
+    ctx: ContextParallel,
+    logits: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+    out_scores: torch.Tensor | None = None,
+) -> None:
+    """A rank's local top-k in the selection order, as global positions.
+
+    logits float32 `[rows, width]` over the rank's local indices; lengths int32 `[rows]`
+    local row ends (`local_lengths` of the global ones; clamped to [0, width]). Writes `out`
+    int32 `[rows, k]`: the global positions of the k best of `logits[r, :length]`, best
+    first, -1 padded; and `out_scores` float32 `[rows, k]` (optional): their scores, -inf
+    padded. Local column order is global order, so ties go to the smaller global position.
+    """
+    _check_ctx(ctx)
+    check_tensor("logits", logits, dtype=torch.float32, rank=2)
+    rows, width = logits.shape
+    device = logits.device
+    check_tensor("lengths", lengths, dtype=torch.int32, rank=1, device=device, shape=(rows,))
+    _check_outputs(rows, k, out, out_scores, device)
+    if rows == 0:
+        return
+    cols = torch.arange(width, device=device, dtype=torch.int64)
+    glob = global_positions(ctx, cols).unsqueeze(0)
+    visible = cols.unsqueeze(0) < lengths.to(torch.int64).unsqueeze(1)
+    keys = torch.where(visible, _selection_keys(logits, glob), _NONE_KEY)
+    _select(keys, k, out, out_scores)
+
+
+def merge_topk(
+    scores: torch.Tensor,
+    positions: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+    out_scores: torch.Tensor | None = None,
+) -> None:
+    """Merge the W ranks' local top-k candidates into the global top-k, on every rank alike.
+
+    scores float32 `[W, rows, kl]` (-inf = none) and positions int32 `[W, rows, kl]` (global,
+    -1 = none; a position appears at most once per row); `exchange_topk` returns them.
+    Writes `out` int32 `[rows, k]`: per row the k best candidates in the selection order
+    (larger score first, ties to the smaller position), best first, -1 padded; and
+    `out_scores` float32 `[rows, k]` (optional): their scores, -inf padded (-0.0 ties with
+    and comes back as +0.0).
+    """
+    check_tensor("scores", scores, dtype=torch.float32, rank=3)
+    w, rows, kl = scores.shape
+    device = scores.device
+    check_tensor(
+        "positions", positions, dtype=torch.int32, rank=3, device=device, shape=(w, rows, kl)
+    )
+    _check_outputs(rows, k, out, out_scores, device)
+    if rows == 0:
+        return
+    keys = _selection_keys(scores, positions).permute(1, 0, 2).reshape(rows, w * kl)
+    _select(keys, k, out, out_scores)
+
+
+def _group_size(group: ProcessGroup | None) -> int:
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized():
+        return 1
+    return int(dist.get_world_size(group))
+
+
+def _all_gather(out: torch.Tensor, inp: torch.Tensor, w: int, group: ProcessGroup | None) -> None:
+    """All-gather `inp` `[rows, n]` of the `w` ranks into `out` `[w * rows, n]`, by rank."""
+    dist = torch.distributed
+    single = getattr(dist, "all_gather_single", None) or getattr(
+        dist, "all_gather_into_tensor", None
+    )
+    if single is not None:
+        try:
+            single(out, inp, group=group)
+            return
+        except RuntimeError:
+            # Older gloo builds lack the single-tensor all-gather (and refuse it on every rank
+            # before communicating); gloo runs are never captured, so falling back is safe.
+            if dist.get_backend(group) != "gloo":
+                raise
+    dist.all_gather(list(out.view(w, *inp.shape).unbind(0)), inp, group=group)
+
+
+def exchange_topk(
+    local_scores: torch.Tensor,
+    local_positions: torch.Tensor,
+    group: ProcessGroup | None = None,
+    *,
+    ctx: ContextParallel | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """All-gather every rank's local top-k: `[rows, k]` float32 scores and int32 global
+    positions in, `[W, rows, k]` scores and positions out (indexed by rank in `group`).
+
+    One collective (the two tensors travel packed as int32) through `torch.distributed` on
+    `group` (None = the default group): NCCL/RCCL on GPUs, gloo on CPUs. With W = 1 (one
+    rank, or torch.distributed not initialized) it returns views of the inputs and does not
+    communicate. `ctx`, when given, must match the group's size and this rank's place in it.
+    """
+    check_tensor("local_scores", local_scores, dtype=torch.float32, rank=2)
+    rows, k = local_scores.shape
+    device = local_scores.device
+    check_tensor(
+        "local_positions",
+        local_positions,
+        dtype=torch.int32,
+        rank=2,
+        device=device,
+        shape=(rows, k),
+    )
+    w = _group_size(group)
+    if ctx is not None:
+        _check_ctx(ctx)
+        rank = torch.distributed.get_rank(group) if w > 1 else 0
+        if (ctx.world_size, ctx.rank) != (w, rank):
+            raise ValueError(
+                f"ctx has world_size {ctx.world_size} and rank {ctx.rank}, but the group has "
+                f"{w} ranks and this process is rank {rank}"
+            )
+    if w == 1:
+        return local_scores.unsqueeze(0), local_positions.unsqueeze(0)
+    if rows == 0:
+        # Every rank of a step has the same shapes, so every rank skips alike.
+        return local_scores.new_empty((w, 0, k)), local_positions.new_empty((w, 0, k))
+    packed = torch.cat([local_scores.view(torch.int32), local_positions], dim=1)
+    gathered = torch.empty((w * rows, 2 * k), dtype=torch.int32, device=device)
+    _all_gather(gathered, packed.contiguous(), w, group)
+    both = gathered.view(w, rows, 2 * k)
+    return both[:, :, :k].view(torch.float32), both[:, :, k:]
