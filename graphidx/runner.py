@@ -178,7 +178,7 @@ class IndexerGraphRunner:
             config,
             self.device,
             num_pages=self.num_pages,
-            full_graph_decode=True,
+            full_graph_decode=True,  # eager decode planned as a captured one: same ties
             buffers=self.buffers,
         )
         self.workspace = IndexerWorkspace(config, self.device, buffers=self.buffers)

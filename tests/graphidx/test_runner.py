@@ -74,9 +74,9 @@ def test_planted_shape_bug_is_caught() -> None:
     see it."""
 
     class LengthDependentBuilder(CandidateIndexerMetadataBuilder):
-        def uniform_decode(self, num_reqs, seq_lens, block_table, num_live_reqs, *, backend=None):  # type: ignore[no-untyped-def]
+        def uniform_decode(self, num_reqs, seq_lens, block_table, num_live_reqs, **options):  # type: ignore[no-untyped-def]
             captured = super().uniform_decode(
-                num_reqs, seq_lens, block_table, num_live_reqs, backend=backend
+                num_reqs, seq_lens, block_table, num_live_reqs, **options
             )
             width = max(1, int(seq_lens.max()) // self.config.compress_ratio)
             decode = dataclasses.replace(captured.metadata.decode, width=width)
