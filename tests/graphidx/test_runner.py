@@ -148,6 +148,51 @@ def test_stack_validation() -> None:
     )
 
 
+def test_constructor_refuses_what_would_fail_later() -> None:
+    """Errors at construction, naming the option: not at capture or at the first step."""
+    gen = StepGenerator(CONFIG, STACK, num_pages=8)
+    caches = gen.kv_caches()
+
+    def build(kv_caches: object = caches, **options: object) -> IndexerGraphRunner:
+        return IndexerGraphRunner(CONFIG, STACK, kv_caches, "cpu", graph_backend="tape", **options)  # type: ignore[arg-type]
+
+    with pytest.raises(ValueError, match="backend must be one of"):
+        build(ops_backend="cuda-magic")
+    with pytest.raises(ValueError, match=r"kv_caches\[1\] has shape .* a page needs"):
+        build([caches[0], caches[1][:, :16], caches[2]])
+    with pytest.raises(ValueError, match=r"kv_caches\[0\] must be a 2-D uint8 tensor"):
+        build([caches[0].numpy(), caches[1], caches[2]])
+    with pytest.raises(ValueError, match="kv_caches has 2 caches for 3 indexer layers"):
+        build(caches[:2])
+    with pytest.raises(ValueError, match="stack must be an IndexerStack"):
+        IndexerGraphRunner(CONFIG, "stack", caches, "cpu", graph_backend="tape")  # type: ignore[arg-type]
+
+
+def test_a_step_above_the_largest_capture_size_warns_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gen = StepGenerator(CONFIG, STACK, num_pages=96, seed=12, max_context=1500)
+    runner = IndexerGraphRunner(
+        CONFIG,
+        STACK,
+        gen.kv_caches(),
+        "cpu",
+        graph_backend="tape",
+        capture_sizes=CaptureSizes(max_size=4, uniform_query_len=CONFIG.next_n),
+    )
+    runner.capture()
+    case = gen.case("decode")
+    while case.num_real_tokens <= 4:
+        case = gen.case("decode")
+    with caplog.at_level("WARNING", logger="graphidx.runner"):
+        for _ in range(3):
+            result = runner.step(case.batch, case.inputs)
+            assert not result.replayed
+            assert result.eager_reason == "above the largest capture size"
+    warnings = [r for r in caplog.records if "exceed the largest capture size" in r.message]
+    assert len(warnings) == 1
+
+
 def test_replay_check_1000_cases(capsys: pytest.CaptureFixture[str]) -> None:
     """The harness over every shape of `graphidx replay-check` (R 1/2/4, dense and
     candidate stacks, adaptive verification): 1000 random cases, no mismatch."""
