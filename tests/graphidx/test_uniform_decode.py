@@ -126,8 +126,14 @@ def test_uniform_decode_agrees_with_build(adaptive: bool) -> None:
     lens = [100, 7, 2, 300]
     table = torch.arange(reqs * 5, dtype=torch.int32).view(reqs, 5) % 40
     seq = torch.tensor([*lens, 2**20, -5], dtype=torch.int32)  # stale padding values
+    offsets = torch.arange(0, (reqs + 1) * next_n, next_n, dtype=torch.int32)
     captured = builder.uniform_decode(
-        reqs, seq, table, torch.tensor([live], dtype=torch.int32), backend="reference"
+        reqs,
+        seq,
+        table,
+        torch.tensor([live], dtype=torch.int32),
+        query_start_loc=offsets if adaptive else None,
+        backend="reference",
     )
     captured.derive()
     got = captured.metadata
@@ -136,6 +142,7 @@ def test_uniform_decode_agrees_with_build(adaptive: bool) -> None:
     derived = [
         t.clone()
         for t in (got.decode.row_lens, got.decode.block_ends, got.context_lens, got.decode.schedule)
+        if t is not None  # no schedule for rows grouped by device offsets
     ]
     batch = StepBatch.from_lists(
         config,
@@ -153,9 +160,10 @@ def test_uniform_decode_agrees_with_build(adaptive: bool) -> None:
         assert built is not None
         assert mine.tolist() == built.tolist()
     assert got.decode_use_gather == want.decode_use_gather
-    # Native grouping over the request table itself: no per-row block table.
-    assert got.decode.native is not None
-    assert got.decode.native.block_table.data_ptr() == table.data_ptr()
+    # Grouped per request over the request table itself: no per-row block table.
+    grouped = got.decode.request_rows if adaptive else got.decode.native
+    assert grouped is not None
+    assert grouped.block_table.data_ptr() == table.data_ptr()
     assert got.decode.block_table.data_ptr() == table.data_ptr()
 
 
