@@ -351,6 +351,17 @@ class IndexerMetadataBuilder:
             )
 
         decode = DecodeMetadata(row_lens, block_table, block_ends, native, schedule, width=None)
+        return self._captured(num_reqs, context_lens, decode, derive)
+
+    def _captured(
+        self,
+        num_reqs: int,
+        context_lens: torch.Tensor,
+        decode: DecodeMetadata,
+        derive: Callable[[], None],
+    ) -> CapturedDecode:
+        """A pure uniform-decode step's metadata around its decode rows."""
+        rows = num_reqs * self.config.next_n
         metadata = IndexerMetadata(
             num_reqs=num_reqs,
             num_tokens=rows,
@@ -406,18 +417,7 @@ class IndexerMetadataBuilder:
             block_ends,
             request_rows=RequestRows(offsets, context_lens, block_table),
         )
-        metadata = IndexerMetadata(
-            num_reqs=num_reqs,
-            num_tokens=rows,
-            num_decodes=num_reqs,
-            num_decode_tokens=rows,
-            num_prefills=0,
-            num_prefill_tokens=0,
-            context_lens=context_lens,
-            decode=decode,
-            decode_use_gather=self._captured_decode_gathers(),
-        )
-        return CapturedDecode(metadata, derive)
+        return self._captured(num_reqs, context_lens, decode, derive)
 
     # The step.
     def check_batch(self, batch: StepBatch) -> None:

@@ -20,15 +20,17 @@ CONFIG = IndexerConfig.cpu_demo(max_num_seqs=8, max_num_batched_tokens=128, max_
 STACK = IndexerStack(candidate_source=True, consumers=2)
 
 
-def _setup(seed: int = 0, **runner_kw: object) -> tuple[IndexerGraphRunner, StepGenerator]:
-    gen = StepGenerator(CONFIG, STACK, num_pages=96, seed=seed, max_context=1500)
+def _setup(
+    seed: int = 0, *, config: IndexerConfig = CONFIG, max_size: int = 16, **runner_kw: object
+) -> tuple[IndexerGraphRunner, StepGenerator]:
+    gen = StepGenerator(config, STACK, num_pages=96, seed=seed, max_context=1500)
     runner = IndexerGraphRunner(
-        CONFIG,
+        config,
         STACK,
         gen.kv_caches(),
         "cpu",
         graph_backend="tape",
-        capture_sizes=CaptureSizes(max_size=16, uniform_query_len=CONFIG.next_n),
+        capture_sizes=CaptureSizes(max_size=max_size, uniform_query_len=config.next_n),
         **runner_kw,  # type: ignore[arg-type]
     )
     runner.capture()
@@ -171,16 +173,7 @@ def test_constructor_refuses_what_would_fail_later() -> None:
 def test_a_step_above_the_largest_capture_size_warns_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    gen = StepGenerator(CONFIG, STACK, num_pages=96, seed=12, max_context=1500)
-    runner = IndexerGraphRunner(
-        CONFIG,
-        STACK,
-        gen.kv_caches(),
-        "cpu",
-        graph_backend="tape",
-        capture_sizes=CaptureSizes(max_size=4, uniform_query_len=CONFIG.next_n),
-    )
-    runner.capture()
+    runner, gen = _setup(seed=12, max_size=4)
     case = gen.case("decode")
     while case.num_real_tokens <= 4:
         case = gen.case("decode")
@@ -368,24 +361,10 @@ ADAPTIVE = IndexerConfig.cpu_demo(
 )
 
 
-def _adaptive_runner(seed: int) -> tuple[IndexerGraphRunner, StepGenerator]:
-    gen = StepGenerator(ADAPTIVE, STACK, num_pages=96, seed=seed, max_context=1500)
-    runner = IndexerGraphRunner(
-        ADAPTIVE,
-        STACK,
-        gen.kv_caches(),
-        "cpu",
-        graph_backend="tape",
-        capture_sizes=CaptureSizes(max_size=24, uniform_query_len=ADAPTIVE.next_n),
-    )
-    runner.capture()
-    return runner, gen
-
-
 def test_adaptive_draft_reallocation_replays_exactly() -> None:
     """Host offsets a uniform placeholder, device offsets the reallocated drafts: the
     replayed graph follows the device rows and equals the eager step over the real rows."""
-    runner, gen = _adaptive_runner(seed=5)
+    runner, gen = _setup(seed=5, config=ADAPTIVE, max_size=24)
     report = check_replay(runner, gen.cases(12, kinds=("adaptive",)))
     assert report.ok, report.mismatches[:5]
     assert report.replayed == 12
@@ -405,6 +384,6 @@ def test_adaptive_rows_from_the_host_placeholder_are_caught(
         return derive(seq_lens, live, uniform, next_n, *args, **kwargs)
 
     monkeypatch.setattr(builder_module, "derive_request_rows", from_placeholder)
-    runner, gen = _adaptive_runner(seed=6)
+    runner, gen = _setup(seed=6, config=ADAPTIVE, max_size=24)
     report = check_replay(runner, gen.cases(6, kinds=("adaptive",)))
     assert not report.ok
