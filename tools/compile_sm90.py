@@ -103,7 +103,9 @@ def compile_topk(k: int, rows: int) -> None:
     triton_topk.topk_per_row(logits, lengths, k, torch.empty((rows, k), dtype=torch.int32))
 
 
-def compile_case(name: str, config: LogitsConfig | None = None) -> None:
+def compile_case(
+    name: str, config: LogitsConfig | None = None, precision: str = "exact"
+) -> None:
     """Run the case's launcher on CPU tensors: compiles (and caches) its kernels for sm_90."""
     heads, next_n, count, keys, page_entries = CASES[name]
     prefill = next_n == 0
@@ -130,7 +132,7 @@ def compile_case(name: str, config: LogitsConfig | None = None) -> None:
     for schedule in schedules:
         triton_logits.paged_mqa_logits(
             q, q_scale, kv, weights, context_lens, table, row_ends, out, schedule=schedule,
-            page_entries=page_entries, config=config, **grouping,
+            page_entries=page_entries, precision=precision, config=config, **grouping,
         )  # fmt: skip
 
 
@@ -270,6 +272,9 @@ def main() -> int:
         help="fields of the case's config in order (LogitsConfig, or GatherConfig for the "
         "gather case), comma-separated ints or 'none' (else the default)",
     )
+    parser.add_argument(
+        "--precision", choices=("exact", "fp8"), default="exact", help="of the logits cases"
+    )
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target sm_90")
     driver.set_active(_Sm90Driver())
@@ -295,7 +300,8 @@ def main() -> int:
         elif name == "gather":
             compile_gather(GatherConfig(*fields) if fields else None)  # type: ignore[arg-type]
         else:
-            compile_case(name, LogitsConfig(*fields) if fields else None)  # type: ignore[arg-type]
+            config = LogitsConfig(*fields) if fields else None  # type: ignore[arg-type]
+            compile_case(name, config, args.precision)
         for kernel in kernels:
             for cache in kernel.device_caches.values():
                 for index, compiled in enumerate(cache[0].values()):

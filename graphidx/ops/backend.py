@@ -19,6 +19,11 @@ from typing import Any
 import torch
 
 BACKENDS = ("reference", "triton", "aiter")
+PRECISIONS = ("exact", "fp8")
+"""Precision modes of the logits ops (docs/contract.md section 5, "Precision")."""
+FP8_LOGIT_BOUND = 2e-3
+"""Bound on |fp8 logit - exact logit| relative to the row's largest |logit| (docs/contract.md
+section 5, "Precision", has how it was measured)."""
 
 
 def triton_interpreted() -> bool:
@@ -79,6 +84,50 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
             f"backend='aiter' needs a gfx950 GPU with aiter installed; device is {device}"
         )
     return backend
+
+
+@functools.cache
+def device_capability(index: int) -> tuple[int, int]:
+    """(major, minor) compute capability of CUDA device `index` (a host constant)."""
+    major, minor = torch.cuda.get_device_capability(index)
+    return int(major), int(minor)
+
+
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """True on NVIDIA GPUs with e4m3 tensor cores (compute capability 8.9 or newer)."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return device_capability(index) >= (8, 9)
+
+
+def default_precision(backend: str, device: torch.device) -> str:
+    """The precision a logits op runs at when none is asked for: `exact` everywhere until
+    the fp8 mode's measured bound and recall make it the default on FP8 tensor cores."""
+    del backend, device
+    return "exact"
+
+
+def resolve_precision(precision: str | None, backend: str, device: torch.device) -> str:
+    """Validate `precision` for a resolved `backend` on `device`; `None` means the default.
+
+    `exact` runs everywhere. `fp8` runs on the reference (which computes it exactly: the fp8
+    operands hold every decoded value, see docs/contract.md) and on the triton backend on FP8
+    tensor cores or under the interpreter; anywhere else it raises ValueError.
+    """
+    if precision is None:
+        return default_precision(backend, device)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp8" and backend != "reference":
+        if backend != "triton":
+            raise ValueError(f"precision='fp8' is not available on backend {backend!r}")
+        if not (triton_interpreted() or fp8_tensor_cores(device)):
+            raise ValueError(
+                f"precision='fp8' needs FP8 tensor cores (NVIDIA compute capability >= 8.9); "
+                f"device is {device}"
+            )
+    return precision
 
 
 def implementation(

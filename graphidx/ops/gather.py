@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from graphidx.mxfp4 import cache_layout, dequantize_mxfp4
-from graphidx.ops.backend import implementation, resolve_backend, run_op
+from graphidx.ops.backend import implementation, resolve_backend, resolve_precision, run_op
 from graphidx.ops.logits import (
     REFERENCE_BATCH_ELEMENTS,
     check_pages,
@@ -50,8 +50,10 @@ def gather_mqa_logits_reference(
     next_n: int | None = None,
     clean: bool = False,
     page_entries: int,
+    precision: str = "exact",
 ) -> None:
-    """Torch oracle of `gather_mqa_logits` (arguments already validated).
+    """Torch oracle of `gather_mqa_logits` (arguments already validated), for both
+    precisions (the fp8 mode's oracle is the exact computation, as for the dense op).
 
     Like the dense reference it checks, before writing, that every page it reads lies in the
     cache and every block-table column it needs exists (ValueError otherwise).
@@ -162,6 +164,7 @@ def _gather_mqa_logits_body(
     next_n: int | None,
     clean: bool,
     page_entries: int,
+    precision: str,
     backend: str,
 ) -> None:
     impl = implementation(backend, gather_mqa_logits_reference, "gather", "gather_mqa_logits")
@@ -180,6 +183,7 @@ def _gather_mqa_logits_body(
         next_n=next_n,
         clean=clean,
         page_entries=page_entries,
+        precision=precision,
     )
 
 
@@ -220,6 +224,7 @@ def gather_mqa_logits(
     next_n: int | None = None,
     clean: bool = False,
     page_entries: int | None = None,
+    precision: str | None = None,
     backend: str | None = None,
 ) -> None:
     """Compact logits of each row over its candidate pool (docs/contract.md section 5.4).
@@ -230,7 +235,7 @@ def gather_mqa_logits(
     j < min(live_cols[r], Wc), out[r, j] scores position p = positions[r, j // C] + j % C of
     the row's seq with the dense formula; a column whose p is outside [0, context_len), or
     whose pool slot is -1 padding, is -inf and reads nothing. Columns >= live are untouched,
-    or -inf when `clean`.
+    or -inf when `clean`. `precision` as in `paged_mqa_logits`.
     """
     rows, num_heads, head_dim, device = check_mxfp4_query(q, q_scale, weights)
     layout = resolve_cache_layout(kv_cache, num_heads, head_dim, page_entries, device)
@@ -249,6 +254,7 @@ def gather_mqa_logits(
         )
     check_bool("clean", clean)
     resolved = resolve_backend(backend, device)
+    mode = resolve_precision(precision, resolved, device)
     run_op(
         torch.ops.graphidx.gather_mqa_logits,
         _gather_mqa_logits_body,
@@ -266,6 +272,7 @@ def gather_mqa_logits(
         next_n,
         clean,
         layout.page_entries,
+        mode,
         resolved,
     )
 

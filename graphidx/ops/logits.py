@@ -19,7 +19,7 @@ import torch
 
 from graphidx.config import cdiv
 from graphidx.mxfp4 import CacheLayout, cache_layout, dequantize_mxfp4, read_entries
-from graphidx.ops.backend import implementation, resolve_backend, run_op
+from graphidx.ops.backend import implementation, resolve_backend, resolve_precision, run_op
 from graphidx.ops.validate import (
     check_block_scores,
     check_bool,
@@ -198,14 +198,19 @@ def paged_mqa_logits_reference(
     candidate_block_size: int = 0,
     clean: bool = False,
     page_entries: int,
+    precision: str = "exact",
 ) -> None:
     """Torch oracle of `paged_mqa_logits` (arguments already validated; schedule ignored).
+
+    Both precisions compute the same float32 answer: the fp8 mode's operands hold every
+    decoded value exactly (docs/contract.md section 5, "Precision"), so the oracle of the
+    fp8 kernels is the exact computation and their tests bound the distance to it.
 
     Raises ValueError when a page it must read lies outside the cache or a sequence needs
     more block-table columns than exist: it has the values on the host, so it checks them
     before writing anything.
     """
-    del schedule  # Only changes how a GPU kernel splits work, never the answer.
+    del schedule, precision  # Neither changes the oracle's answer (see above).
     rows, num_heads, value_bytes = q.shape
     head_dim = 2 * value_bytes
     width = out.shape[1]
@@ -324,6 +329,7 @@ def _paged_mqa_logits_body(
     candidate_block_size: int,
     clean: bool,
     page_entries: int,
+    precision: str,
     backend: str,
 ) -> None:
     impl = implementation(backend, paged_mqa_logits_reference, "logits", "paged_mqa_logits")
@@ -343,6 +349,7 @@ def _paged_mqa_logits_body(
         candidate_block_size=candidate_block_size,
         clean=clean,
         page_entries=page_entries,
+        precision=precision,
     )
 
 
@@ -368,6 +375,7 @@ def paged_mqa_logits(
     candidate_block_size: int = 0,
     clean: bool = False,
     page_entries: int | None = None,
+    precision: str | None = None,
     backend: str | None = None,
 ) -> None:
     """Dense logits of every query row over its sequence's paged keys (docs/contract.md section
@@ -385,7 +393,9 @@ def paged_mqa_logits(
     b < ceil(n / C), the max over the block's visible columns, +inf for the block of the
     newest key; later blocks are untouched, or -inf when `clean`.
     `schedule`: the decode work descriptors of graphidx.ops.schedule (never changes the
-    answer). Page ids are not range-checked here (see validate.check_block_table).
+    answer). `precision`: "exact" or "fp8" (docs/contract.md section 5, "Precision"; None:
+    the device's default, `graphidx.ops.backend.default_precision`). Page ids are not
+    range-checked here (see validate.check_block_table).
     """
     rows, num_heads, head_dim, device = check_mxfp4_query(q, q_scale, weights)
     layout = resolve_cache_layout(kv_cache, num_heads, head_dim, page_entries, device)
@@ -399,6 +409,7 @@ def paged_mqa_logits(
         check_block_scores(block_scores, candidate_block_size, rows, out.shape[1], device)
     check_bool("clean", clean)
     resolved = resolve_backend(backend, device)
+    mode = resolve_precision(precision, resolved, device)
     run_op(
         torch.ops.graphidx.paged_mqa_logits,
         _paged_mqa_logits_body,
@@ -417,5 +428,6 @@ def paged_mqa_logits(
         candidate_block_size,
         clean,
         layout.page_entries,
+        mode,
         resolved,
     )

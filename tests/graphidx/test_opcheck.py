@@ -139,6 +139,7 @@ def test_paged_mqa_logits(grouping: str, with_block_scores: bool) -> None:
             SIZE if with_block_scores else 0,
             with_block_scores,  # clean
             CONFIG.page_entries,
+            "fp8",  # precision: the reference computes both alike
             BACKEND,
         ),
     )
@@ -161,6 +162,7 @@ def test_gather_mqa_logits(grouping: str) -> None:
             step.next_n,
             True,  # clean
             CONFIG.page_entries,
+            "fp8",  # precision: the reference computes both alike
             BACKEND,
         ),
     )

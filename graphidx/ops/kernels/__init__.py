@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from graphidx.ops.backend import triton_interpreted
+from graphidx.ops.backend import device_capability, triton_interpreted
 
 
 def next_power_of_2(n: int) -> int:
@@ -47,22 +47,16 @@ def operand_mode() -> int:
     return OPERANDS_BF16X2
 
 
-@functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    major, minor = torch.cuda.get_device_capability(index)
-    return int(major), int(minor)
-
-
 def require_bf16_tensor_cores(device: torch.device) -> None:
     """ValueError unless the logits kernels can run on `device`: bf16 tensor cores and
     `fma.rn.bf16x2` need NVIDIA compute capability 8.0 or newer (a host constant)."""
     if device.type != "cuda" or torch.version.hip is not None or triton_interpreted():
         return
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if _capability(index) < (8, 0):
+    if device_capability(index) < (8, 0):
         raise ValueError(
             f"the triton logits kernels need compute capability >= 8.0 (bf16 tensor cores), "
-            f"got {_capability(index)} on {device}"
+            f"got {device_capability(index)} on {device}"
         )
 
 

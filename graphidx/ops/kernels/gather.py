@@ -31,13 +31,15 @@ from graphidx.ops.kernels import (
     operand_mode,
     require_bf16_tensor_cores,
 )
+from graphidx.ops.kernels.fp8_tl import fp8_operand, fp8_queries
 from graphidx.ops.kernels.mxfp4_tl import (
     BF16X2_OPERANDS,
     LINE_ENTRIES,
     cache_words,
     decode_key_tile,
+    dequantize_tile,
     key_tile_words,
-    load_query_tile,
+    load_query_codes,
     mma_operand,
     prefetch_key_tile,
     relu_propagate_nan,
@@ -241,13 +243,24 @@ def _prefetch_tile(page, slot, scored, kv_ptr, page_stride, D: tl.constexpr, E: 
 
 
 @triton.jit
-def _score_tile(tile_start, values, scales, scored, queries_t, weights, out_row, score_stop,
-                OPERANDS: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Decode, multiply and store one tile: -inf where not scored, nothing past score_stop."""
+def _score_tile(tile_start, values, scales, scored, queries, out_row, score_stop,
+                OPERANDS: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
+    """Decode, multiply and store one tile: -inf where not scored, nothing past score_stop.
+    queries: (exact Q^T, weights, e4m3 Q^T, factored weights, e4m3 usable) as
+    `graphidx.ops.kernels.logits._group_queries` builds them; FP8 takes the e4m3 operands
+    when they and the tile's keys are held exactly (`fp8_operand`)."""
     col = tile_start + tl.arange(0, BLOCK_N)
-    keys = decode_key_tile(values, scales, OPERANDS)
-    scores = relu_propagate_nan(tile_scores(keys, queries_t, OPERANDS))
-    logits = tl.sum(scores * weights[None, :], axis=1)
+    use_fp8 = False
+    if FP8:
+        keys8, key_factor, held = fp8_operand(values, scales, OPERANDS == BF16X2_OPERANDS)
+        use_fp8 = (tl.min(held.to(tl.int32), axis=0) != 0) & queries[4]
+    if use_fp8:
+        scores = relu_propagate_nan(tl.dot(keys8, queries[2]))
+        logits = tl.sum(scores * queries[3][None, :], axis=1) * key_factor
+    else:
+        keys = decode_key_tile(values, scales, OPERANDS)
+        scores = relu_propagate_nan(tile_scores(keys, queries[0], OPERANDS))
+        logits = tl.sum(scores * queries[1][None, :], axis=1)
     logits = tl.where(scored, logits, float("-inf"))
     store_b32(out_row + col, logits, col < score_stop, OPERANDS == BF16X2_OPERANDS)
 
@@ -293,6 +306,7 @@ def _gather_logits_kernel(
     OPERANDS: tl.constexpr,
     PREFETCH: tl.constexpr,
     LINE_RUN: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     row = tl.program_id(0)
     col_start = tl.program_id(1) * SPLIT
@@ -307,27 +321,23 @@ def _gather_logits_kernel(
     if col_start < score_stop:
         head = tl.arange(0, HP)
         head_ok = head < H
-        queries = load_query_tile(
-            q_ptr,
-            q_scale_ptr,
-            row + 0 * head,
-            head,
-            head_ok,
-            q_row_stride,
-            q_head_stride,
-            qs_row_stride,
-            qs_head_stride,
-            SUB,
-            RUN,
-        )
-        queries_t = mma_operand(tl.trans(queries), OPERANDS)
+        words, scales = load_query_codes(q_ptr, q_scale_ptr, row + 0 * head, head, head_ok,
+                                         q_row_stride, q_head_stride, qs_row_stride,
+                                         qs_head_stride, SUB, RUN)  # fmt: skip
+        queries_t = mma_operand(tl.trans(dequantize_tile(words, scales)), OPERANDS)
         weights = tl.load(w_ptr + row.to(tl.int64) * w_row_stride + head, mask=head_ok, other=0.0)
+        if FP8:
+            queries8, weights8, fp8_ok = fp8_queries(words, scales, weights,
+                                                     OPERANDS == BF16X2_OPERANDS)  # fmt: skip
+            queries = (queries_t, weights, queries8, weights8, fp8_ok)
+        else:
+            queries = (queries_t, weights, queries_t, weights, False)
         context = tl.load(ctx_ptr + seq)
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
         pos_row = positions_ptr + row.to(tl.int64) * pos_row_stride
         # (Constexprs are passed one by one: Triton 3.6 drops them from unpacked tuples.)
         slot_args = (score_stop, context, block_row, pos_row, pool_blocks)
-        tile_args = (queries_t, weights, out_row, score_stop)
+        tile_args = (queries, out_row, score_stop)
         if PREFETCH:
             # The chain of dependent reads runs ahead of the scoring: while tile i is scored,
             # tile i + 1's codes are prefetched into L1 (its page was read a tile earlier),
@@ -350,7 +360,7 @@ def _gather_logits_kernel(
                 firsts = _tile_firsts(tile_start + 3 * BLOCK_N, score_stop, pos_row,
                                       pool_blocks, C, BLOCK_N)  # fmt: skip
                 _score_tile(tile_start, values, scales, scored, *tile_args,
-                            OPERANDS, BLOCK_N)  # fmt: skip
+                            OPERANDS, BLOCK_N, FP8)  # fmt: skip
                 page, slot, scored = page1, slot1, scored1
                 page1, slot1, scored1 = page2, slot2, scored2
         else:
@@ -360,7 +370,7 @@ def _gather_logits_kernel(
                     page, slot, scored, kv_ptr, page_stride, D, E, NPT, LANES, SUB, RUN
                 )
                 _score_tile(tile_start, values, scales, scored, *tile_args,
-                            OPERANDS, BLOCK_N)  # fmt: skip
+                            OPERANDS, BLOCK_N, FP8)  # fmt: skip
     if CLEAN:
         for tile_start in range(tl.maximum(col_start, live), col_stop, BLOCK_N):
             col = tile_start + tl.arange(0, BLOCK_N)
@@ -413,10 +423,11 @@ def gather_mqa_logits(
     next_n: int | None = None,
     clean: bool = False,
     page_entries: int | None = None,
+    precision: str = "exact",
     config: GatherConfig | None = None,
 ) -> None:
     """Triton `gather_mqa_logits` (docs/contract.md section 5.4; arguments validated by the
-    wrapper).
+    wrapper, `precision` resolved by `graphidx.ops.backend.resolve_precision`).
 
     Same contract as `graphidx.ops.gather_mqa_logits`; `config` overrides the shape-chosen
     tiles (tuning hook, checked by `check_config`). Reads no device value on the host.
@@ -468,6 +479,7 @@ def gather_mqa_logits(
         OPERANDS=operand_mode(),
         PREFETCH=cfg.prefetch,
         LINE_RUN=LINE_ENTRIES.value if candidate_block_size % LINE_ENTRIES.value == 0 else 1,
+        FP8=precision == "fp8",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({} if cfg.max_registers is None else {"maxnreg": cfg.max_registers}),

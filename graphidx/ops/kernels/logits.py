@@ -49,13 +49,15 @@ from graphidx.ops.kernels import (
     operand_mode,
     require_bf16_tensor_cores,
 )
+from graphidx.ops.kernels.fp8_tl import fp8_operand, fp8_queries
 from graphidx.ops.kernels.mxfp4_tl import (
     BF16X2_OPERANDS,
     cache_words,
     decode_key_tile,
+    dequantize_tile,
     key_tile_words,
     key_tile_words_mma,
-    load_query_tile,
+    load_query_codes,
     max_propagate_nan,
     mma_operand,
     mma_tile_rows,
@@ -269,6 +271,7 @@ def _score_group(
     MMA_ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
     HALVES: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     """Score keys [key_start, key_stop) of row group `group` (see the module docstring)."""
     if GROUPING == 1:
@@ -306,19 +309,17 @@ def _score_group(
             # made Triton convert its layout through shared memory 16 times (sm_90: 29 more
             # barriers before the first tile, ~2 us of a one-wave H64 decode).
             ROWS: tl.constexpr = BLOCK_R // 2
-            queries_a, weights_a = _group_queries(*query_args, 0, H, HP, SUB, RUN, ROWS, OPERANDS)
-            queries_b, weights_b = _group_queries(*query_args, ROWS, H, HP, SUB, RUN, ROWS,
-                                                  OPERANDS)  # fmt: skip
+            queries_a = _group_queries(*query_args, 0, H, HP, SUB, RUN, ROWS, OPERANDS, FP8)
+            queries_b = _group_queries(*query_args, ROWS, H, HP, SUB, RUN, ROWS, OPERANDS, FP8)
         else:
-            queries_a, weights_a = _group_queries(*query_args, 0, H, HP, SUB, RUN, BLOCK_R,
-                                                  OPERANDS)  # fmt: skip
-            queries_b, weights_b = queries_a, weights_a
+            queries_a = _group_queries(*query_args, 0, H, HP, SUB, RUN, BLOCK_R, OPERANDS, FP8)
+            queries_b = queries_a
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
         _walk_tiles(
-            key_start, key_stop, row, row_len, queries_a, weights_a, queries_b, weights_b,
+            key_start, key_stop, row, row_len, queries_a, queries_b,
             out_ptr, bs_ptr, out_row_stride, bs_row_stride, kv_ptr, block_row, page_stride,
             HP, D, SUB, RUN, E, NPT, LANES, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
-            MMA_ROWS, PREFETCH, HALVES,
+            MMA_ROWS, PREFETCH, HALVES, FP8,
         )  # fmt: skip
 
 
@@ -326,17 +327,30 @@ def _score_group(
 def _group_queries(q_ptr, q_scale_ptr, w_ptr, row_lo, row_hi, q_row_stride, q_head_stride,
                    qs_row_stride, qs_head_stride, w_row_stride, FIRST: tl.constexpr,
                    H: tl.constexpr, HP: tl.constexpr, SUB: tl.constexpr, RUN: tl.constexpr,
-                   ROWS: tl.constexpr, OPERANDS: tl.constexpr):  # fmt: skip
-    """(Q^T as the MMA's B operand `[D, ROWS * HP]`, weights `[ROWS * HP]`) of rows
-    [row_lo + FIRST, + ROWS) of the group, 0 for heads >= H and rows >= row_hi."""
+                   ROWS: tl.constexpr, OPERANDS: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
+    """The query operands of rows [row_lo + FIRST, + ROWS) of the group, 0 for heads >= H and
+    rows >= row_hi: (Q^T as the exact MMA's B operand `[D, ROWS * HP]`, weights
+    `[ROWS * HP]`, then under FP8 Q^T as an e4m3 operand in the fp8 order, the weights times
+    each head's factor (`fp8_operand`), and whether the e4m3 operand holds every head
+    exactly (`fp8_queries`); without FP8 the last three repeat the exact operand and
+    weights, and False)."""
     slot = tl.arange(0, ROWS * HP)
     q_row = row_lo + FIRST + slot // HP
     q_head = slot % HP
     q_ok = (q_row < row_hi) & (q_head < H)
-    queries = load_query_tile(q_ptr, q_scale_ptr, q_row, q_head, q_ok, q_row_stride,
-                              q_head_stride, qs_row_stride, qs_head_stride, SUB, RUN)  # fmt: skip
+    words, scales = load_query_codes(q_ptr, q_scale_ptr, q_row, q_head, q_ok, q_row_stride,
+                                     q_head_stride, qs_row_stride, qs_head_stride, SUB,
+                                     RUN)  # fmt: skip
     weights = tl.load(w_ptr + q_row.to(tl.int64) * w_row_stride + q_head, mask=q_ok, other=0.0)
-    return mma_operand(tl.trans(queries), OPERANDS), weights
+    exact = mma_operand(tl.trans(dequantize_tile(words, scales)), OPERANDS)
+    if FP8:
+        queries8, weights8, fp8_ok = fp8_queries(
+            words, scales, weights, OPERANDS == BF16X2_OPERANDS
+        )
+        operands = (exact, weights, queries8, weights8, fp8_ok)
+    else:
+        operands = (exact, weights, exact, weights, False)
+    return operands
 
 
 @triton.jit
@@ -346,9 +360,7 @@ def _walk_tiles(
     row,
     row_len,
     queries_a,
-    weights_a,
     queries_b,
-    weights_b,
     out_ptr,
     bs_ptr,
     out_row_stride,
@@ -371,13 +383,15 @@ def _walk_tiles(
     MMA_ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
     HALVES: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     """Score one row group's keys [key_start, key_stop) (key_start < key_stop, a multiple of
     BLOCK_N) tile by tile: full tiles unmasked, then the partial tail (masked loads; with
     PREFETCH it is the loop's last iteration, reading the rest of its page). HALVES: each
     tile takes two MMAs over the first and the second half of the group's rows
-    (`LogitsConfig.halves`), with queries and weights `_a` and `_b` (`_group_queries` of
-    each half); without it `_a` holds all the rows and `_b` is not used.
+    (`LogitsConfig.halves`), with the query operands `queries_a` and `queries_b`
+    (`_group_queries` of each half); without it `queries_a` holds all the rows and
+    `queries_b` is not used.
     PREFETCH: 0 none, 1 the next tile in registers (`LogitsConfig.prefetch`), 2 that and
     the tile after it into L2 (`LogitsConfig.l2_prefetch`)."""
     tl.assume(key_start >= 0)
@@ -386,10 +400,10 @@ def _walk_tiles(
     if HALVES:
         row_a, row_b = _halves(row)
         len_a, len_b = _halves(row_len)
-        tile_args = (row_a, len_a, queries_a, weights_a, row_b, len_b, queries_b, weights_b,
+        tile_args = ((row_a, len_a, queries_a), (row_b, len_b, queries_b),
                      out_ptr, bs_ptr, out_row_stride, bs_row_stride)  # fmt: skip
     else:
-        tile_args = (row, row_len, queries_a, weights_a, row, row_len, queries_a, weights_a,
+        tile_args = ((row, row_len, queries_a), (row, row_len, queries_a),
                      out_ptr, bs_ptr, out_row_stride, bs_row_stride)  # fmt: skip
     PTX: tl.constexpr = OPERANDS == BF16X2_OPERANDS
     if PREFETCH:
@@ -429,9 +443,9 @@ def _walk_tiles(
                 next_page = tl.load(
                     block_row + tl.minimum(tile_start + 2 * BLOCK_N, last_start) // E
                 )
-            keys = decode_key_tile(values, scales, OPERANDS)
-            _score_rows(tile_start, keys, *tile_args,
-                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
+            _score_rows(tile_start, values, scales, *tile_args,
+                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES,
+                        FP8)  # fmt: skip
             values, scales = next_values, next_scales
     else:
         fetch_args = (kv_ptr, block_row, page_stride, None)
@@ -440,17 +454,17 @@ def _walk_tiles(
                 tile_start, key_stop, *fetch_args,
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False, PTX,
             )  # fmt: skip
-            keys = decode_key_tile(values, scales, OPERANDS)
-            _score_rows(tile_start, keys, *tile_args,
-                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
+            _score_rows(tile_start, values, scales, *tile_args,
+                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES,
+                        FP8)  # fmt: skip
         if full_stop < key_stop:
             values, scales = _fetch_tile(
                 full_stop, key_stop, *fetch_args,
                 D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, True, PTX,
             )  # fmt: skip
-            keys = decode_key_tile(values, scales, OPERANDS)
-            _score_rows(full_stop, keys, *tile_args,
-                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
+            _score_rows(full_stop, values, scales, *tile_args,
+                        HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES,
+                        FP8)  # fmt: skip
 
 
 @triton.jit
@@ -519,15 +533,10 @@ def _halves(x):
 @triton.jit
 def _score_rows(
     tile_start,
-    keys,
-    row_a,
-    len_a,
-    queries_a,
-    weights_a,
-    row_b,
-    len_b,
-    queries_b,
-    weights_b,
+    values,
+    scales,
+    rows_a,
+    rows_b,
     out_ptr,
     bs_ptr,
     out_row_stride,
@@ -539,22 +548,43 @@ def _score_rows(
     C: tl.constexpr,
     OPERANDS: tl.constexpr,
     HALVES: tl.constexpr,
+    FP8: tl.constexpr,
 ):
-    """`_score_tile` over the group's rows (the `_a` set), or over each half of them in turn
-    under HALVES (`_a` then `_b`, BLOCK_R / 2 rows each)."""
+    """Decode one fetched key tile (`_fetch_tile`) and `_score_tile` it over the group's
+    rows: `rows_a` = (rows, lengths, query operands of `_group_queries`), or under HALVES
+    each half in turn (`rows_a` then `rows_b`, BLOCK_R / 2 rows each).
+
+    FP8: the tile's keys as e4m3 (`fp8_operand`) when they and every query head are held
+    exactly; otherwise, for this tile only, the exact path."""
     tile_args = (out_ptr, bs_ptr, out_row_stride, bs_row_stride)
     ROWS: tl.constexpr = BLOCK_R // 2 if HALVES else BLOCK_R
-    _score_tile(tile_start, keys, row_a, len_a, queries_a, weights_a, *tile_args,
-                HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
-    if HALVES:
-        _score_tile(tile_start, keys, row_b, len_b, queries_b, weights_b, *tile_args,
-                    HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+    use_fp8 = False
+    if FP8:
+        keys8, key_factor, held = fp8_operand(values, scales, OPERANDS == BF16X2_OPERANDS)
+        use_fp8 = (tl.min(held.to(tl.int32), axis=0) != 0) & rows_a[2][4] & rows_b[2][4]
+    if use_fp8:
+        _score_tile(tile_start, keys8, key_factor, rows_a[0], rows_a[1], rows_a[2][2],
+                    rows_a[2][3], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
+                    OPERANDS)  # fmt: skip
+        if HALVES:
+            _score_tile(tile_start, keys8, key_factor, rows_b[0], rows_b[1], rows_b[2][2],
+                        rows_b[2][3], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
+                        OPERANDS)  # fmt: skip
+    else:
+        keys = decode_key_tile(values, scales, OPERANDS)
+        _score_tile(tile_start, keys, None, rows_a[0], rows_a[1], rows_a[2][0], rows_a[2][1],
+                    *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+        if HALVES:
+            _score_tile(tile_start, keys, None, rows_b[0], rows_b[1], rows_b[2][0],
+                        rows_b[2][1], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
+                        OPERANDS)  # fmt: skip
 
 
 @triton.jit
 def _score_tile(
     tile_start,
     keys,
+    key_factor,
     row,
     row_len,
     queries_t,
@@ -570,13 +600,19 @@ def _score_tile(
     C: tl.constexpr,
     OPERANDS: tl.constexpr,
 ):
-    """Keys [tile_start, tile_start + BLOCK_N) of one row group, decoded (`decode_key_tile`):
-    logits and block scores. tile_start is a multiple of BLOCK_N; columns at or past a row's
-    length are not written."""
+    """Keys [tile_start, tile_start + BLOCK_N) of one row group: logits and block scores.
+    tile_start is a multiple of BLOCK_N; columns at or past a row's length are not written.
+    keys: decoded (`decode_key_tile`) with key_factor None, or e4m3 (`fp8_operand`) with its
+    float32 factor per key, queries_t and weights then the e4m3 ones of `_group_queries`."""
     key = tile_start + tl.arange(0, BLOCK_N)
-    scores = relu_propagate_nan(tile_scores(keys, queries_t, OPERANDS))
-    scores = scores * weights[None, :]
+    if key_factor is None:
+        scores = tile_scores(keys, queries_t, OPERANDS)
+    else:
+        scores = tl.dot(keys, queries_t)
+    scores = relu_propagate_nan(scores) * weights[None, :]
     logits = tl.sum(tl.reshape(scores, [BLOCK_N, BLOCK_R, HP]), axis=2)
+    if key_factor is not None:
+        logits = logits * key_factor[:, None]
     visible = key[:, None] < row_len[None, :]
     out_rows = out_ptr + row.to(tl.int64)[None, :] * out_row_stride
     store_b32(out_rows + key[:, None], logits, visible, OPERANDS == BF16X2_OPERANDS)
@@ -636,6 +672,7 @@ def _logits_static_kernel(
     MMA_ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
     HALVES: tl.constexpr,
+    FP8: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
     """Grid (groups, key splits): program (g, i) scores keys [i * SPLIT, (i + 1) * SPLIT)."""
@@ -684,6 +721,7 @@ def _logits_static_kernel(
         MMA_ROWS,
         PREFETCH,
         HALVES,
+        FP8,
     )
 
 
@@ -729,6 +767,7 @@ def _logits_scheduled_kernel(
     MMA_ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
     HALVES: tl.constexpr,
+    FP8: tl.constexpr,
     SPLIT: tl.constexpr,
     HEADER: tl.constexpr,
     ITEM: tl.constexpr,
@@ -803,6 +842,7 @@ def _logits_scheduled_kernel(
                 MMA_ROWS,
                 PREFETCH,
                 HALVES,
+                FP8,
             )
 
 
@@ -874,10 +914,11 @@ def paged_mqa_logits(
     candidate_block_size: int = 0,
     clean: bool = False,
     page_entries: int | None = None,
+    precision: str = "exact",
     config: LogitsConfig | None = None,
 ) -> None:
     """Triton `paged_mqa_logits` (docs/contract.md section 5.1; arguments validated by the
-    wrapper).
+    wrapper, `precision` resolved by `graphidx.ops.backend.resolve_precision`).
 
     Same contract as `graphidx.ops.paged_mqa_logits`. `schedule` (from
     graphidx.ops.schedule.build_decode_schedule, built with the same next_n) switches decode
@@ -932,6 +973,7 @@ def paged_mqa_logits(
         MMA_ROWS=uses_mma_rows(cfg, layout.page_entries),
         PREFETCH=(2 if cfg.l2_prefetch else 1) if cfg.prefetch else 0,
         HALVES=cfg.halves,
+        FP8=precision == "fp8",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({} if cfg.max_registers is None else {"maxnreg": cfg.max_registers}),

@@ -452,7 +452,7 @@ def decode_key_tile(values, scales, OPERANDS: tl.constexpr):
 
 
 @triton.jit
-def load_query_tile(
+def load_query_codes(
     q_ptr,
     q_scale_ptr,
     row,
@@ -465,9 +465,11 @@ def load_query_tile(
     SUB: tl.constexpr,
     RUN: tl.constexpr,
 ):
-    """Decode query heads `(row[m], head[m])`: float32 `[M, D]` in kernel order, 0 where not
-    live. q: uint8 `[rows, H, D/2]`, q_scale: uint8 `[rows, H, D/32]`, last dims contiguous
-    (any alignment: bytes are loaded one by one and assembled into words).
+    """Raw codes of query heads `(row[m], head[m])` in kernel order, as `key_tile_words`
+    returns a key tile's: int32 words `[M, SUB, RUN // 4, 4]` and int32 scales
+    `[M, SUB, 1, 4]`, codes 0 and scale 127 where not live. q: uint8 `[rows, H, D/2]`,
+    q_scale: uint8 `[rows, H, D/32]`, last dims contiguous (any alignment: bytes are loaded
+    one by one and assembled into words).
     """
     first, chunk = _run_starts(SUB, RUN)
     word = tl.arange(0, RUN // 4)[None, None, :, None, None]
@@ -486,7 +488,7 @@ def load_query_tile(
         mask=live[:, None, None, None],
         other=127,
     )
-    return dequantize_tile(words, scales.to(tl.int32))
+    return words, scales.to(tl.int32)
 
 
 @triton.jit
@@ -562,7 +564,7 @@ __all__ = [
     "e8m0_factor",
     "key_tile_words",
     "key_tile_words_mma",
-    "load_query_tile",
+    "load_query_codes",
     "max_propagate_nan",
     "mma_operand",
     "mma_tile_rows",

@@ -1,0 +1,274 @@
+"""The `fp8` precision of the logits ops (docs/contract.md section 5, "Precision").
+
+Under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1) the e4m3 dots are
+computed exactly, so the fp8 kernels must agree with the reference to float32 rounding: that
+checks the operand construction (tables, element order, per-key and per-head factors) and
+the exact fallback for keys and queries the e4m3 operands cannot hold. On a GPU the FP8
+tensor cores accumulate with fewer bits; those tests check the documented bound instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from graphidx.mxfp4 import E2M1_VALUES
+
+ops = pytest.importorskip("graphidx.ops")
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from test_ops_triton import (  # noqa: E402
+    DENSE_CASES,
+    NAN,
+    TRITON_DEVICE,
+    assert_logits_match,
+    grouping,
+    make_cache,
+    make_queries,
+    on_triton_device,
+)
+
+from graphidx.ops.backend import resolve_precision  # noqa: E402
+from graphidx.ops.kernels.fp8_tl import FP8_EXPONENT_SPREAD, fp8_operand  # noqa: E402
+
+INTERPRETED = ops.backend.triton_interpreted()
+if not INTERPRETED and not torch.cuda.is_available():
+    pytest.skip("needs TRITON_INTERPRET or a GPU", allow_module_level=True)
+GPU = not INTERPRETED
+
+
+# ---------------------------------------------------------------------------------------
+# The operand: tables, element order, factors, the held flag.
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _operand_kernel(words_ptr, scales_ptr, tile_ptr, factor_ptr, held_ptr, M: tl.constexpr,
+                    PTX: tl.constexpr):  # fmt: skip
+    """`fp8_operand` of M rows of D = 128 (one run of 4 words per lane t): the e4m3 tile as
+    bytes `[M, 128]`, the factor and the held flag of each row."""
+    row = tl.arange(0, M)[:, None, None, None]
+    w = tl.arange(0, 4)[None, None, :, None]
+    t = tl.arange(0, 4)[None, None, None, :]
+    words = tl.load(words_ptr + row * 16 + t * 4 + w)  # [M, 1, 4, 4]
+    scales = tl.load(scales_ptr + row * 4 + t)  # [M, 1, 1, 4]
+    tile, factor, held = fp8_operand(words, scales, PTX)
+    offsets = tl.arange(0, M)[:, None] * 128 + tl.arange(0, 128)[None, :]
+    tl.store(tile_ptr + offsets, tile.to(tl.int8, bitcast=True))
+    tl.store(factor_ptr + tl.arange(0, M), factor)
+    tl.store(held_ptr + tl.arange(0, M), held.to(tl.int32))
+
+
+def _codes(words: torch.Tensor) -> torch.Tensor:
+    """int32 words `[M, 4 t, 4 w]` -> codes `[M, t, w, 8]` (nibble n of each word)."""
+    shifts = torch.arange(8, dtype=torch.int64) * 4
+    return (words.to(torch.int64).unsqueeze(-1) >> shifts) & 0xF
+
+
+def _e2m1(codes: torch.Tensor) -> torch.Tensor:
+    magnitudes = torch.tensor(E2M1_VALUES, dtype=torch.float64)[codes & 7]
+    return torch.where(codes & 8 != 0, -magnitudes, magnitudes)
+
+
+def _expected_rows(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float64 `[M, 128]` in the fp8 kernel order: element 32 w + 16 h + 4 t + i is nibble
+    4 h + i of word w of lane t, times lane t's scale."""
+    values = _e2m1(_codes(words)) * torch.pow(2.0, scales.double() - 127).view(-1, 4, 1, 1)
+    rows = values.shape[0]
+    # [M, t, w, h, i] -> [M, w, h, t, i]
+    return values.view(rows, 4, 4, 2, 4).permute(0, 2, 3, 1, 4).reshape(rows, 128)
+
+
+SPREAD = int(FP8_EXPONENT_SPREAD.value)
+
+
+@pytest.mark.parametrize("spread", [0, 5, SPREAD, SPREAD + 1, 40])
+def test_fp8_operand_holds_every_row_it_claims(spread: int) -> None:
+    """Every e2m1 code at every exponent spread up to FP8_EXPONENT_SPREAD: the e4m3 tile
+    times the row factor is the decoded row exactly; wider spreads are flagged not held.
+    Zero blocks with wild scales do not count; a NaN scale gives a NaN factor or not held."""
+    gen = torch.Generator().manual_seed(spread)
+    rows = 64
+    words = torch.randint(-(2**31), 2**31, (rows, 4, 4), generator=gen, dtype=torch.int64)
+    low = torch.randint(0, 254 - spread, (rows, 1), generator=gen)
+    scales = low + torch.randint(0, spread + 1, (rows, 4), generator=gen)
+    scales[:, 0] = low[:, 0]
+    scales[:, 1] = low[:, 0] + spread  # the spread is reached on every row
+    words[:4, 2] = 0  # an all-zero block whose scale is far off: it must not count
+    scales[:4, 2] = torch.tensor([0, 254, 0, 254])
+    words[4, :] = 0  # a row of zeros
+    scales[5, 3] = 255  # NaN scale: the largest, or too far from the others
+    scales[6] = 255
+    words = words.to(torch.int32)
+    scales = scales.to(torch.int32)
+    tile = torch.empty((rows, 128), dtype=torch.int8)
+    factor = torch.empty(rows)
+    held = torch.empty(rows, dtype=torch.int32)
+    args = on_triton_device(words, scales, tile, factor, held)
+    _operand_kernel[(1,)](*args, M=rows, PTX=GPU)
+    tile, factor, held = (t.cpu() for t in args[2:])
+    values = tile.view(torch.float8_e4m3fn).double() * factor.double().unsqueeze(1)
+    want = _expected_rows(words, scales)
+    nonzero_spread = []
+    for r in range(rows):
+        counted = [
+            int(scales[r, t])
+            for t in range(4)
+            if bool((words[r, t] & 0x77777777).any()) or int(scales[r, t]) == 255
+        ]
+        nonzero_spread.append(max(counted) - min(counted) if counted else 0)
+    for r in range(rows):
+        if r in (5, 6):
+            assert math.isnan(float(factor[r])) or not bool(held[r]), r
+            continue
+        assert bool(held[r]) == (nonzero_spread[r] <= SPREAD), r
+        if bool(held[r]):
+            torch.testing.assert_close(values[r], want[r], rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------
+# The ops in fp8 against the reference.
+# ---------------------------------------------------------------------------------------
+
+
+def _fp8_tolerance(want: torch.Tensor) -> float:
+    """Absolute tolerance of an fp8 result: float32 rounding under the interpreter, the
+    documented bound (relative to the largest |logit|) on FP8 tensor cores."""
+    finite = want.isfinite()
+    scale = float(want[finite].abs().max()) if finite.any() else 1.0
+    return (1e-6 if INTERPRETED else ops.FP8_LOGIT_BOUND) * max(scale, 1.0)
+
+
+def _assert_fp8_match(got: torch.Tensor, want: torch.Tensor) -> None:
+    if INTERPRETED:
+        assert_logits_match(got, want)
+        return
+    assert torch.equal(got.isnan(), want.isnan()), "written / NaN columns differ"
+    assert torch.equal(got.isinf(), want.isinf()), "-inf / +inf columns differ"
+    finite = want.isfinite()
+    assert float((got[finite] - want[finite]).abs().max(initial=0.0)) <= _fp8_tolerance(want)
+
+
+def _dense(precision: str, backend: str, cache, queries, row_ends, width, extra):  # type: ignore[no-untyped-def]
+    q, q_scale, weights = queries
+    out = torch.full((q.shape[0], width), NAN)
+    args = [q, q_scale, cache.kv_cache, weights, cache.context_lens, cache.block_table, row_ends]
+    if backend == "triton":
+        args = on_triton_device(*args)  # type: ignore[assignment]
+        (out,) = on_triton_device(out)
+        extra = {k: v.to(TRITON_DEVICE) if isinstance(v, torch.Tensor) else v
+                 for k, v in extra.items()}  # fmt: skip
+    ops.paged_mqa_logits(*args, out, page_entries=cache.page_entries, backend=backend,
+                         precision=precision, **extra)  # fmt: skip
+    return out.cpu()
+
+
+@pytest.mark.parametrize("spread", ["narrow", "wide"])
+@pytest.mark.parametrize(
+    ("kind", "sizes", "heads", "head_dim", "page_entries", "block_size", "clean"), DENSE_CASES
+)
+def test_dense_fp8_matches_reference(
+    gen: torch.Generator,
+    kind: str,
+    sizes: list[int],
+    heads: int,
+    head_dim: int,
+    page_entries: int,
+    block_size: int,
+    clean: bool,
+    spread: str,
+) -> None:
+    """Narrow: every key and query within the e4m3 spread (the fp8 path throughout); wide:
+    scales 2**-7 .. 2**5, so some tiles and programs take the exact fallback."""
+    del block_size, clean
+    rows, num_seqs, extra = grouping(kind, sizes)
+    contexts = [int(c) for c in torch.randint(0, 90, (num_seqs,), generator=gen)]
+    contexts[0] = 85
+    cache = make_cache(gen, contexts, num_heads=heads, head_dim=head_dim, page_entries=page_entries)
+    q, q_scale, weights = make_queries(gen, rows, heads, head_dim)
+    if spread == "narrow":
+        q_scale = q_scale.clamp(121, 131)
+        cache.kv_cache[cache.kv_cache == 132] = 131  # only scale bytes hold 132 (or 120)
+    row_ends = torch.randint(-3, 95, (rows,), generator=gen).to(torch.int32)
+    want = _dense("exact", "reference", cache, (q, q_scale, weights), row_ends, 72, extra)
+    fp8_reference = _dense("fp8", "reference", cache, (q, q_scale, weights), row_ends, 72, extra)
+    assert torch.equal(want.nan_to_num(), fp8_reference.nan_to_num())
+    got = _dense("fp8", "triton", cache, (q, q_scale, weights), row_ends, 72, extra)
+    _assert_fp8_match(got, want)
+
+
+def test_dense_fp8_nan_scales_propagate(gen: torch.Generator) -> None:
+    """A 0xFF scale in a key or a query head makes the same logits NaN as the exact mode."""
+    rows, _, extra = grouping("next_n", [3, 2])
+    cache = make_cache(gen, [40, 33, 17], num_heads=4, head_dim=64, page_entries=32)
+    q, q_scale, weights = make_queries(gen, rows, 4, 64)
+    q_scale = q_scale.clamp(121, 131)
+    q_scale[3, 1, 0] = 255
+    page = int(cache.block_table[0, 0])
+    scales_start = 32 * 32  # page_entries x D/2 code bytes, then the scales
+    cache.kv_cache[page, scales_start + 5] = 255
+    row_ends = torch.full((rows,), 64, dtype=torch.int32)
+    want = _dense("exact", "reference", cache, (q, q_scale, weights), row_ends, 48, extra)
+    got = _dense("fp8", "triton", cache, (q, q_scale, weights), row_ends, 48, extra)
+    assert bool(want.isnan().any())
+    _assert_fp8_match(got, want)
+
+
+@pytest.mark.parametrize("kind", ["next_n", "qsl"])
+def test_gather_fp8_matches_reference(gen: torch.Generator, kind: str) -> None:
+    sizes = [2, 2] if kind == "next_n" else [2, 0, 3]
+    size, pool_blocks, heads, head_dim = 4, 12, 8, 128
+    rows, num_seqs, extra = grouping(kind, sizes)
+    contexts = [int(c) for c in torch.randint(20, 60, (num_seqs,), generator=gen)]
+    cache = make_cache(gen, contexts, num_heads=heads, head_dim=head_dim, page_entries=16)
+    q, q_scale, weights = make_queries(gen, rows, heads, head_dim)
+    q_scale = q_scale.clamp(121, 131)
+    seqs = (
+        [r // 2 for r in range(rows)]
+        if kind == "next_n"
+        else [s for s, n in enumerate(sizes) for _ in range(n)]
+    )
+    block_ids = torch.full((rows, pool_blocks), -1, dtype=torch.int32)
+    for r in range(rows):
+        blocks = -(-contexts[seqs[r]] // size)
+        chosen = torch.randperm(blocks, generator=gen)[:pool_blocks]
+        block_ids[r, : chosen.numel()] = chosen.to(torch.int32)
+    row_ends = torch.tensor([contexts[s] for s in seqs], dtype=torch.int32)
+    positions = torch.empty((rows, pool_blocks), dtype=torch.int32)
+    live = torch.empty(rows, dtype=torch.int32)
+    ops.resolve_candidate_pool(block_ids, row_ends, size, positions, live, backend="reference")
+    outs = {}
+    for backend, precision in (("reference", "exact"), ("triton", "fp8")):
+        args = [q, q_scale, cache.kv_cache, weights, cache.context_lens, cache.block_table,
+                positions, live, torch.full((rows, pool_blocks * size), NAN)]  # fmt: skip
+        kwargs = dict(extra)
+        if backend == "triton":
+            args = on_triton_device(*args)  # type: ignore[assignment]
+            kwargs = {k: v.to(TRITON_DEVICE) if isinstance(v, torch.Tensor) else v
+                      for k, v in kwargs.items()}  # fmt: skip
+        ops.gather_mqa_logits(*args, candidate_block_size=size, clean=True,
+                              page_entries=16, backend=backend, precision=precision,
+                              **kwargs)  # fmt: skip
+        outs[backend] = args[-1].cpu()
+    _assert_fp8_match(outs["triton"], outs["reference"])
+
+
+# ---------------------------------------------------------------------------------------
+# Resolution.
+# ---------------------------------------------------------------------------------------
+
+
+def test_resolve_precision() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_precision(None, "reference", cpu) == "exact"
+    assert resolve_precision("fp8", "reference", cpu) == "fp8"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_precision("bf16", "reference", cpu)
+    with pytest.raises(ValueError, match="not available on backend 'aiter'"):
+        resolve_precision("fp8", "aiter", cpu)
+    if INTERPRETED:
+        assert resolve_precision("fp8", "triton", cpu) == "fp8"
