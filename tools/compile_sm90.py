@@ -78,7 +78,7 @@ def _compile_only(self: JITFunction, *args: object, grid: object, warmup: bool, 
 _ORIGINAL_RUN = JITFunction.run
 
 
-def compile_gather(config: GatherConfig | None) -> None:
+def compile_gather(config: GatherConfig | None, precision: str = "exact") -> None:
     """The gather case's launcher on CPU tensors (positions all valid, one page each)."""
     heads, next_n, seqs, _, page_entries = CASES["gather"]
     rows, keys = seqs * next_n, SMALL_KEYS
@@ -92,7 +92,7 @@ def compile_gather(config: GatherConfig | None) -> None:
     triton_gather.gather_mqa_logits(
         q, q_scale, kv, weights, torch.full((seqs,), keys, dtype=torch.int32), table,
         positions, live, out, candidate_block_size=GATHER_BLOCK_SIZE, next_n=next_n,
-        page_entries=page_entries, config=config,
+        page_entries=page_entries, precision=precision, config=config,
     )  # fmt: skip
 
 
@@ -103,9 +103,7 @@ def compile_topk(k: int, rows: int) -> None:
     triton_topk.topk_per_row(logits, lengths, k, torch.empty((rows, k), dtype=torch.int32))
 
 
-def compile_case(
-    name: str, config: LogitsConfig | None = None, precision: str = "exact"
-) -> None:
+def compile_case(name: str, config: LogitsConfig | None = None, precision: str = "exact") -> None:
     """Run the case's launcher on CPU tensors: compiles (and caches) its kernels for sm_90."""
     heads, next_n, count, keys, page_entries = CASES[name]
     prefill = next_n == 0
@@ -273,7 +271,10 @@ def main() -> int:
         "gather case), comma-separated ints or 'none' (else the default)",
     )
     parser.add_argument(
-        "--precision", choices=("exact", "fp8"), default="exact", help="of the logits cases"
+        "--precision",
+        choices=("exact", "fp8"),
+        default="exact",
+        help="of the logits and gather cases",
     )
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target sm_90")
@@ -298,7 +299,8 @@ def main() -> int:
         if name in TOPK_CASES:
             compile_topk(*TOPK_CASES[name])
         elif name == "gather":
-            compile_gather(GatherConfig(*fields) if fields else None)  # type: ignore[arg-type]
+            gather_config = GatherConfig(*fields) if fields else None  # type: ignore[arg-type]
+            compile_gather(gather_config, args.precision)
         else:
             config = LogitsConfig(*fields) if fields else None  # type: ignore[arg-type]
             compile_case(name, config, args.precision)

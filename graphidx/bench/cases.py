@@ -51,6 +51,7 @@ def dense_decode_case(
     *,
     use_schedule: bool = False,
     config: object | None = None,
+    precision: str = "exact",
 ) -> CaseResult:
     from graphidx.ops import paged_mqa_logits
     from graphidx.ops.kernels import logits as triton_logits
@@ -82,7 +83,7 @@ def dense_decode_case(
     def run() -> None:
         triton_logits.paged_mqa_logits(
             q, q_scale, kv, weights, context_lens, table, row_ends, out,
-            next_n=next_n, schedule=schedule, page_entries=page_entries,
+            next_n=next_n, schedule=schedule, page_entries=page_entries, precision=precision,
             config=config,  # type: ignore[arg-type]
         )  # fmt: skip
 
@@ -95,12 +96,12 @@ def dense_decode_case(
         table[: sample.stop // next_n], row_ends[sample], want,
         next_n=next_n, page_entries=page_entries, backend="reference",
     )  # fmt: skip
-    check = compare_logits(out[sample], want)
+    check = compare_logits(out[sample], want, precision)
     elapsed, timing = time_case(run)
     notes.update(timing)
     row_lens = [max(0, min(end, contexts[r // next_n])) for r, end in enumerate(ends)]
     bytes_moved, flops = _logits_bytes_flops(row_lens, sum(contexts), rows, num_heads)
-    shape = f"H{num_heads} next_n {next_n}, {seqs} seqs, {sum(contexts)} keys"
+    shape = f"H{num_heads} next_n {next_n}, {seqs} seqs, {sum(contexts)} keys, {precision}"
     return CaseResult(
         name, shape, elapsed, bytes_moved, flops, floor_us(bytes_moved, flops, ceilings), check,
         notes,
@@ -116,6 +117,7 @@ def prefill_case(
     *,
     name: str = "prefill chunk",
     config: object | None = None,
+    precision: str = "exact",
 ) -> CaseResult:
     from graphidx.ops import paged_mqa_logits
     from graphidx.ops.kernels import logits as triton_logits
@@ -134,7 +136,7 @@ def prefill_case(
     def run() -> None:
         triton_logits.paged_mqa_logits(
             q, q_scale, kv, weights, context_lens, table, row_ends, out,
-            query_start_loc=qsl, page_entries=page_entries,
+            query_start_loc=qsl, page_entries=page_entries, precision=precision,
             config=config,  # type: ignore[arg-type]
         )  # fmt: skip
 
@@ -150,11 +152,11 @@ def prefill_case(
             query_start_loc=torch.tensor([0, 8], dtype=torch.int32, device=device),
             page_entries=page_entries, backend="reference",
         )  # fmt: skip
-        checks.append(compare_logits(out[part], want))
+        checks.append(compare_logits(out[part], want, precision))
     check = next((c for c in checks if c != "OK"), "OK")
     elapsed, timing = time_case(run)
     bytes_moved, flops = _logits_bytes_flops(ends, context, rows, num_heads)
-    shape = f"H{num_heads}, {rows} rows x {context} keys (causal)"
+    shape = f"H{num_heads}, {rows} rows x {context} keys (causal), {precision}"
     return CaseResult(
         name, shape, elapsed, bytes_moved, flops, floor_us(bytes_moved, flops, ceilings), check,
         timing,
@@ -173,6 +175,7 @@ def gather_case(
     *,
     name: str = "gather",
     config: object | None = None,
+    precision: str = "exact",
 ) -> CaseResult:
     from graphidx.ops import gather_mqa_logits, resolve_candidate_pool
     from graphidx.ops.kernels import gather as triton_gather
@@ -211,14 +214,14 @@ def gather_case(
         triton_gather.gather_mqa_logits(
             q, q_scale, kv, weights, context_lens, table, positions, live, out,
             candidate_block_size=block_size, next_n=next_n, page_entries=page_entries,
-            config=config,  # type: ignore[arg-type]
+            precision=precision, config=config,  # type: ignore[arg-type]
         )  # fmt: skip
 
     run()
     synchronize(device)
     want = torch.full((CHECK_SEQS * next_n, width), float("nan"), device=device)
     launch("reference", CHECK_SEQS, want)
-    check = compare_logits(out[: CHECK_SEQS * next_n], want)
+    check = compare_logits(out[: CHECK_SEQS * next_n], want, precision)
     elapsed, timing = time_case(run)
     entry_bytes = HEAD_DIM // 2 + HEAD_DIM // 32
     scored = rows * width
@@ -229,7 +232,9 @@ def gather_case(
         + scored * 4
     )
     flops = 2.0 * scored * num_heads * HEAD_DIM
-    shape = f"H{num_heads}, {rows} rows x {width} cols (C={block_size}), context {context}"
+    shape = (
+        f"H{num_heads}, {rows} rows x {width} cols (C={block_size}), context {context}, {precision}"
+    )
     return CaseResult(
         name, shape, elapsed, bytes_moved, flops, floor_us(bytes_moved, flops, ceilings), check,
         timing,

@@ -42,10 +42,20 @@ def run_benchmarks(
     cases: list[tuple[str, Callable[[], list[CaseResult]]]] = [
         ("dense decode H64", lambda: [dense_decode_case(
             "dense decode", 64, 2, [16384 // div] * 64, 64, ceilings, device)]),
+        ("dense decode H64 fp8", lambda: [dense_decode_case(
+            "dense decode fp8", 64, 2, [16384 // div] * 64, 64, ceilings, device,
+            precision="fp8")]),
         ("dense decode H32", lambda: [dense_decode_case(
             "dense decode", 32, 2, [65536 // div] * 64, 128, ceilings, device)]),
+        ("dense decode H32 fp8", lambda: [dense_decode_case(
+            "dense decode fp8", 32, 2, [65536 // div] * 64, 128, ceilings, device,
+            precision="fp8")]),
         ("prefill", lambda: [prefill_case(64, 4096 // div, 32768 // div, ceilings, device)]),
+        ("prefill fp8", lambda: [prefill_case(64, 4096 // div, 32768 // div, ceilings, device,
+                                              name="prefill chunk fp8", precision="fp8")]),
         ("gather", lambda: [gather_case(32, 2, 64, 65536 // div, 2048, 8, ceilings, device)]),
+        ("gather fp8", lambda: [gather_case(32, 2, 64, 65536 // div, 2048, 8, ceilings, device,
+                                            name="gather fp8", precision="fp8")]),
         ("one read", lambda: [logits_read_case(128, 65536, ceilings, device)]),
         ("top-k 512", lambda: topk_cases(128, 65536, 512, ceilings, device, one_read())),
         ("top-k 2048", lambda: topk_cases(128, 65536, 2048, ceilings, device, one_read())),

@@ -243,6 +243,14 @@ def _prefetch_tile(page, slot, scored, kv_ptr, page_stride, D: tl.constexpr, E: 
 
 
 @triton.jit
+def _exact_logits(values, scales, queries_t, weights, OPERANDS: tl.constexpr):
+    """One tile's logits on the exact path (`decode_key_tile`, the exact query operand)."""
+    keys = decode_key_tile(values, scales, OPERANDS)
+    scores = relu_propagate_nan(tile_scores(keys, queries_t, OPERANDS))
+    return tl.sum(scores * weights[None, :], axis=1)
+
+
+@triton.jit
 def _score_tile(tile_start, values, scales, scored, queries, out_row, score_stop,
                 OPERANDS: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
     """Decode, multiply and store one tile: -inf where not scored, nothing past score_stop.
@@ -250,17 +258,15 @@ def _score_tile(tile_start, values, scales, scored, queries, out_row, score_stop
     `graphidx.ops.kernels.logits._group_queries` builds them; FP8 takes the e4m3 operands
     when they and the tile's keys are held exactly (`fp8_operand`)."""
     col = tile_start + tl.arange(0, BLOCK_N)
-    use_fp8 = False
     if FP8:
         keys8, key_factor, held = fp8_operand(values, scales, OPERANDS == BF16X2_OPERANDS)
-        use_fp8 = (tl.min(held.to(tl.int32), axis=0) != 0) & queries[4]
-    if use_fp8:
-        scores = relu_propagate_nan(tl.dot(keys8, queries[2]))
-        logits = tl.sum(scores * queries[3][None, :], axis=1) * key_factor
+        if (tl.min(held.to(tl.int32), axis=0) != 0) & queries[4]:
+            scores = relu_propagate_nan(tl.dot(keys8, queries[2]))
+            logits = tl.sum(scores * queries[3][None, :], axis=1) * key_factor
+        else:
+            logits = _exact_logits(values, scales, queries[0], queries[1], OPERANDS)
     else:
-        keys = decode_key_tile(values, scales, OPERANDS)
-        scores = relu_propagate_nan(tile_scores(keys, queries[0], OPERANDS))
-        logits = tl.sum(scores * queries[1][None, :], axis=1)
+        logits = _exact_logits(values, scales, queries[0], queries[1], OPERANDS)
     logits = tl.where(scored, logits, float("-inf"))
     store_b32(out_row + col, logits, col < score_stop, OPERANDS == BF16X2_OPERANDS)
 
@@ -321,13 +327,13 @@ def _gather_logits_kernel(
     if col_start < score_stop:
         head = tl.arange(0, HP)
         head_ok = head < H
-        words, scales = load_query_codes(q_ptr, q_scale_ptr, row + 0 * head, head, head_ok,
+        q_words, q_scales = load_query_codes(q_ptr, q_scale_ptr, row + 0 * head, head, head_ok,
                                          q_row_stride, q_head_stride, qs_row_stride,
                                          qs_head_stride, SUB, RUN)  # fmt: skip
-        queries_t = mma_operand(tl.trans(dequantize_tile(words, scales)), OPERANDS)
+        queries_t = mma_operand(tl.trans(dequantize_tile(q_words, q_scales)), OPERANDS)
         weights = tl.load(w_ptr + row.to(tl.int64) * w_row_stride + head, mask=head_ok, other=0.0)
         if FP8:
-            queries8, weights8, fp8_ok = fp8_queries(words, scales, weights,
+            queries8, weights8, fp8_ok = fp8_queries(q_words, q_scales, weights,
                                                      OPERANDS == BF16X2_OPERANDS)  # fmt: skip
             queries = (queries_t, weights, queries8, weights8, fp8_ok)
         else:

@@ -558,26 +558,38 @@ def _score_rows(
     exactly; otherwise, for this tile only, the exact path."""
     tile_args = (out_ptr, bs_ptr, out_row_stride, bs_row_stride)
     ROWS: tl.constexpr = BLOCK_R // 2 if HALVES else BLOCK_R
-    use_fp8 = False
     if FP8:
         keys8, key_factor, held = fp8_operand(values, scales, OPERANDS == BF16X2_OPERANDS)
-        use_fp8 = (tl.min(held.to(tl.int32), axis=0) != 0) & rows_a[2][4] & rows_b[2][4]
-    if use_fp8:
-        _score_tile(tile_start, keys8, key_factor, rows_a[0], rows_a[1], rows_a[2][2],
-                    rows_a[2][3], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
-                    OPERANDS)  # fmt: skip
-        if HALVES:
-            _score_tile(tile_start, keys8, key_factor, rows_b[0], rows_b[1], rows_b[2][2],
-                        rows_b[2][3], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
+        if (tl.min(held.to(tl.int32), axis=0) != 0) & rows_a[2][4] & rows_b[2][4]:
+            _score_tile(tile_start, keys8, key_factor, rows_a[0], rows_a[1], rows_a[2][2],
+                        rows_a[2][3], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
                         OPERANDS)  # fmt: skip
+            if HALVES:
+                _score_tile(tile_start, keys8, key_factor, rows_b[0], rows_b[1], rows_b[2][2],
+                            rows_b[2][3], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
+                            OPERANDS)  # fmt: skip
+        else:
+            _score_exact(tile_start, values, scales, rows_a, rows_b, *tile_args,
+                         HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
     else:
-        keys = decode_key_tile(values, scales, OPERANDS)
-        _score_tile(tile_start, keys, None, rows_a[0], rows_a[1], rows_a[2][0], rows_a[2][1],
+        _score_exact(tile_start, values, scales, rows_a, rows_b, *tile_args,
+                     HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
+
+
+@triton.jit
+def _score_exact(tile_start, values, scales, rows_a, rows_b, out_ptr, bs_ptr, out_row_stride,
+                 bs_row_stride, HP: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HAS_BLOCK_SCORES: tl.constexpr, C: tl.constexpr, OPERANDS: tl.constexpr,
+                 HALVES: tl.constexpr):  # fmt: skip
+    """`_score_rows`' exact path: the tile decoded by `decode_key_tile`, the exact query
+    operands of `rows_a` (and of `rows_b` under HALVES)."""
+    tile_args = (out_ptr, bs_ptr, out_row_stride, bs_row_stride)
+    keys = decode_key_tile(values, scales, OPERANDS)
+    _score_tile(tile_start, keys, None, rows_a[0], rows_a[1], rows_a[2][0], rows_a[2][1],
+                *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
+    if HALVES:
+        _score_tile(tile_start, keys, None, rows_b[0], rows_b[1], rows_b[2][0], rows_b[2][1],
                     *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS)  # fmt: skip
-        if HALVES:
-            _score_tile(tile_start, keys, None, rows_b[0], rows_b[1], rows_b[2][0],
-                        rows_b[2][1], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
-                        OPERANDS)  # fmt: skip
 
 
 @triton.jit
