@@ -4,8 +4,8 @@ and top-k recall per data kind, and exact vs fp8 timings of the bench's logits c
     python tools/device_fp8.py [--quick] [--out DIR]
 
 1. Accumulation probe: one e4m3 MMA sums 2**16 and 2**-e (in the same 32-element k chunk,
-   and in another chunk) for e = 1 .. 18; the largest e that survives, plus 16, is the
-   number of bits the accumulation keeps below the largest term.
+   and in another chunk) for e = -8 .. 18; the largest e up to which every term survives,
+   plus 16, is the number of bits the accumulation keeps below the largest term.
 2. `graphidx.bench.precision.measure_precision` at H64 and H32 (8 rows x 16384 keys).
 3. The bench's dense decode (H64 64 x 16K, H32 64 x 64K; static grid and with the decode
    schedule), prefill (H64 4096 x 32K) and gather (H32 128 rows x 16K) cases in both
@@ -32,7 +32,7 @@ from graphidx.bench.roofline import measure_ceilings
 from graphidx.ops.kernels.gather import GatherConfig
 from graphidx.ops.kernels.logits import LogitsConfig
 
-PROBE_EXPONENTS = range(1, 19)
+PROBE_EXPONENTS = range(-8, 19)
 
 
 @triton.jit
@@ -47,18 +47,23 @@ def _mma_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.con
 
 def accumulation_probe(device: torch.device) -> dict[str, int]:
     """Bits kept below the largest term (23 would be float32's), within one k chunk of 32
-    and across chunks: row r sums 2**16 and 2**-e, e = r + 1, as e4m3 products."""
+    and across chunks: row r sums 2**16 and 2**-e, e = r - 8, as e4m3 products (the small
+    term a product 2**(-e - 9) * 2**9 ... 2**(9 - e) * 2**-9, each factor in e4m3 range)."""
     rows, cols, depth = 64, 64, 64
     a = torch.zeros((rows, depth))
     b = torch.zeros((depth, cols))
     a[:, 0] = 256.0
     b[0, 0] = b[0, 1] = 256.0
-    b[1, 0] = b[33, 1] = 2.0**-9
+    b[1, 0] = b[33, 1] = 2.0**-9  # small terms with e >= 1
+    b[2, 0] = b[34, 1] = 2.0**8  # small terms with e <= 0
     for r, e in enumerate(PROBE_EXPONENTS):
-        a[r, 1] = a[r, 33] = 2.0 ** (9 - e)
+        column = 1 if e >= 1 else 2
+        a[r, column] = a[r, column + 32] = 2.0 ** ((9 - e) if e >= 1 else (-e - 8))
     a8 = a.to(torch.float8_e4m3fn)
     b8 = b.to(torch.float8_e4m3fn)
     exact = a8.double() @ b8.double()
+    assert bool((exact[: len(PROBE_EXPONENTS), 0] == 2.0**16 + torch.pow(2.0, -torch.tensor(
+        list(PROBE_EXPONENTS), dtype=torch.float64))).all())  # fmt: skip
     out = torch.empty((rows, cols), device=device)
     _mma_kernel[(1,)](
         a8.view(torch.int8).to(device), b8.view(torch.int8).to(device), out, rows, cols, depth
@@ -69,7 +74,13 @@ def accumulation_probe(device: torch.device) -> dict[str, int]:
         surviving = [
             e for r, e in enumerate(PROBE_EXPONENTS) if float(got[r, col]) == float(exact[r, col])
         ]
-        kept[label] = 16 + max(surviving) if surviving else 0
+        # The largest e such that every smaller e survives too.
+        last = PROBE_EXPONENTS[0] - 1
+        for e in PROBE_EXPONENTS:
+            if e not in surviving:
+                break
+            last = e
+        kept[label] = 16 + last
     return kept
 
 
