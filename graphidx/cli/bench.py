@@ -2,6 +2,9 @@
 
     graphidx bench [--quick] [--out DIR]        every case; kernels.json + roofline.png in DIR
     graphidx bench --replot KERNELS_JSON [--out DIR]   redraw DIR/roofline.png, no GPU needed
+    graphidx bench --step [--peers] [--quick] [--out DIR]   the decode step per layer kind
+        (launches, bare graph, replayed step); --peers adds DeepGEMM + FlashInfer's V3.2
+        layer; step.json in DIR
 
 Exit status 1 when a case's check failed; 2 for bad arguments (no GPU, a missing or foreign
 kernels.json, no matplotlib for --replot, an --out that is a file), before anything runs.
@@ -10,6 +13,7 @@ kernels.json, no matplotlib for --replot, an --out that is a file), before anyth
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -17,8 +21,11 @@ from graphidx.cli.options import check_output_folder
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """The command: `args.replot` (a kernels.json path or None), `args.out`, `args.quick`."""
+    """The command: `args.replot` (a kernels.json path or None), `args.out`, `args.quick`,
+    `args.step`, `args.peers`."""
     out = check_output_folder("--out", args.out)
+    if args.peers and not args.step:
+        raise ValueError("--peers goes with --step (the step table is where peers are timed)")
     if args.replot:
         from graphidx.bench.report import plot_roofline, read_outputs
 
@@ -39,7 +46,46 @@ def run_bench(args: argparse.Namespace) -> int:
         raise ValueError(
             "the kernel benchmarks need a CUDA/ROCm GPU (--replot redraws a saved run without one)"
         )
+    if args.step:
+        return _run_step(out, quick=bool(args.quick), peers=bool(args.peers))
     from graphidx.bench.suite import run
 
     results = run(out, quick=bool(args.quick))
     return 1 if any(r.check.startswith("FAIL") for r in results) else 0
+
+
+def _run_step(out: Path, *, quick: bool, peers: bool) -> int:
+    """The step table (`graphidx.bench.step`), and the peers' V3.2 layer beside it."""
+    import dataclasses
+    import json
+
+    from graphidx.bench.peers import peer_v32_step, peers_available
+    from graphidx.bench.step import STEP_BATCHES, STEP_CONTEXTS, format_step, measure_step
+
+    if peers and len(peers_available()) < 2:
+        raise ValueError(
+            f"--peers needs deep_gemm and flashinfer importable, found {peers_available()} "
+            "(../shared/peers/README.md says how to build them)"
+        )
+    contexts = STEP_CONTEXTS[:1] if quick else STEP_CONTEXTS
+    batches = STEP_BATCHES[:2] if quick else STEP_BATCHES
+    rows = []
+    peer_rows: dict[tuple[int, int], tuple[float, float]] = {}
+    for context in contexts:
+        for name in ("v32", "v41"):
+            rows += measure_step(name, context, batches)
+        if peers:
+            peer_rows.update(peer_v32_step(context, batches))
+    print(format_step(rows, peer_rows))
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "device": torch.cuda.get_device_name(),
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "peers": [
+            {"context": c, "batch": b, "step_ms": s, "graph_ms": g}
+            for (c, b), (s, g) in sorted(peer_rows.items())
+        ],
+    }
+    (out / "step.json").write_text(json.dumps(payload, indent=1))
+    print(f"wrote {out / 'step.json'}")
+    return 0

@@ -97,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KERNELS_JSON",
         help="only redraw roofline.png (under --out) from a saved run; runs nothing",
     )
+    bench.add_argument(
+        "--step",
+        action="store_true",
+        help="the decode step per layer kind instead of the kernels: launches, graph, step",
+    )
+    bench.add_argument(
+        "--peers",
+        action="store_true",
+        help="with --step: DeepGEMM + FlashInfer's V3.2 layer beside it (must be importable)",
+    )
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -240,3 +240,35 @@ def test_kernel_span_of_a_replay_sits_under_its_replay_time() -> None:
     span, replay = kernel_span_us(graph.replay), time_us(graph.replay)
     assert isinstance(span, float)
     assert 256e6 / 10e12 * 1e6 < span < replay  # faster than 10 TB/s is impossible
+
+
+def test_bench_peers_needs_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--peers", "--out", str(tmp_path / "out")]) == 2
+    assert _one_error_line(capsys).startswith("--peers goes with --step")
+
+
+def test_bench_step_without_a_gpu_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--step", "--out", str(tmp_path / "out")]) == 2
+    assert _one_error_line(capsys).startswith("the kernel benchmarks need a CUDA/ROCm GPU")
+
+
+def test_step_presets_and_table() -> None:
+    """The step presets' stacks, and the table's peer columns (V3.2 rows only)."""
+    from graphidx.bench.step import StepRow, format_step, preset
+
+    assert preset("v32", 8192, 4)[1].kinds == ("dense",)
+    assert preset("v41", 8192, 4)[1].kinds == ("source", "consumer", "consumer", "consumer")
+    with pytest.raises(ValueError, match="unknown step preset"):
+        preset("v3", 8192, 4)
+    rows = [
+        StepRow("v32", 8192, 1, 0.2, 0.05, 5, {"dense": 4, "step": 1}),
+        StepRow("v41", 8192, 1, 0.3, 0.15, 20, {"consumer": 4, "source + step": 8}),
+    ]
+    table = format_step(rows, {(8192, 1): (0.03, 0.02)}).splitlines()
+    assert "0.030" in table[1] and "dense 4, step 1" in table[1]
+    assert "0.030" not in table[2] and table[2].rstrip().endswith("-")
