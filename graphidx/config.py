@@ -31,6 +31,8 @@ class IndexerConfig:
     Units: `block_size` counts uncompressed tokens per KV page; `max_model_len` counts
     uncompressed tokens; `max_logits_bytes` bounds one prefill launch's fp32 logits.
     `candidate_block_size` (C) of 0 means no candidate blocks (single-level indexer).
+    `precision` is the logits ops' mode ("exact", "fp8" or None for the device's default;
+    docs/contract.md section 5.8); whether the device can run it is checked by the ops.
     """
 
     num_heads: int
@@ -47,6 +49,7 @@ class IndexerConfig:
     max_logits_bytes: int = 512 * MIB
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -87,6 +90,8 @@ class IndexerConfig:
                 "candidate_block_size and candidate_topk_blocks must be both set or both 0, "
                 f"got {self.candidate_block_size} and {self.candidate_topk_blocks}"
             )
+        if self.precision is not None and self.precision not in ("exact", "fp8"):
+            raise ValueError(f"precision must be 'exact', 'fp8' or None, got {self.precision!r}")
         if self.sparse_logits:
             self._check_sparse_logits()
 

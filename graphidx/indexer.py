@@ -141,6 +141,7 @@ def dense_indexer(
             block_scores=block_scores,
             candidate_block_size=size if candidate_source else 0,
             page_entries=config.page_entries,
+            precision=config.precision,
             backend=backend,
             **_decode_grouping(metadata),  # type: ignore[arg-type]
         )
@@ -170,6 +171,7 @@ def dense_indexer(
             block_scores=block_scores,
             candidate_block_size=size if candidate_source else 0,
             page_entries=config.page_entries,
+            precision=config.precision,
             backend=backend,
         )
         topk_per_row(logits, plan.row_ends, k, topk_indices[start:end], backend=backend)
@@ -250,6 +252,7 @@ def candidate_consumer(
                 out=compact,
                 candidate_block_size=size,
                 page_entries=config.page_entries,
+                precision=config.precision,
                 backend=backend,
                 **_decode_grouping(metadata),  # type: ignore[arg-type]
             )
@@ -266,6 +269,7 @@ def candidate_consumer(
                 out=logits,
                 schedule=decode.schedule,
                 page_entries=config.page_entries,
+                precision=config.precision,
                 backend=backend,
                 **_decode_grouping(metadata),  # type: ignore[arg-type]
             )
@@ -289,6 +293,7 @@ def candidate_consumer(
             logits,
             query_start_loc=plan.query_start_loc,
             page_entries=config.page_entries,
+            precision=config.precision,
             backend=backend,
         )
         apply_candidate_mask(logits, positions, size, backend=backend)
@@ -312,6 +317,7 @@ def candidate_consumer(
             candidate_block_size=size,
             next_n=rows,
             page_entries=config.page_entries,
+            precision=config.precision,
             backend=backend,
         )
         topk_per_row(compact, live, k, compact_topk, backend=backend)

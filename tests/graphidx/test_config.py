@@ -79,6 +79,7 @@ def test_presets() -> None:
         ),
         ({"candidate_topk_blocks": 4}, r"both set or both 0, got 0 and 4"),
         ({"sparse_logits": True}, r"sparse_logits=True needs candidate_block_size > 0"),
+        ({"precision": "bf16"}, r"precision must be 'exact', 'fp8' or None, got 'bf16'"),
     ],
 )
 def test_validation(changes: dict[str, object], message: str) -> None:

@@ -329,3 +329,27 @@ def test_layer_rejects_bad_inputs(gen: torch.Generator) -> None:
             backend=BACKEND,
         )  # fmt: skip
     assert torch.all(out == SENTINEL)
+
+
+def test_layers_run_in_the_configured_precision(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`IndexerConfig.precision` reaches every logits launch of the layers (dense, gather and
+    the dense fallback), and the fp8 mode's picks pass the same float64 checks."""
+    import graphidx.ops.gather as gather_op
+    import graphidx.ops.logits as logits_op
+
+    asked: list[tuple[str, str | None]] = []
+    for module, name in ((logits_op, "dense"), (gather_op, "gather")):
+        original = module.resolve_precision
+
+        def spy(precision, backend, device, _original=original, _name=name):  # type: ignore[no-untyped-def]
+            asked.append((_name, precision))
+            return _original(precision, backend, device)
+
+        monkeypatch.setattr(module, "resolve_precision", spy)
+    config = _config(1, 2, precision="fp8")
+    meta = _run_and_check(gen, config, [2, 2, 2, 0, 0], [700, 130, 1500, 0, 0], num_tokens=10)
+    assert meta.decode_use_gather
+    assert {name for name, _ in asked} == {"dense", "gather"}
+    assert {precision for _, precision in asked} == {"fp8"}
