@@ -21,19 +21,21 @@ from graphidx.bench.inputs import random_block_table, random_kv_cache, random_qu
 from graphidx.bench.roofline import CaseResult, Ceilings, floor_us
 from graphidx.bench.timing import synchronize, time_case, time_us
 from graphidx.config import cdiv
+from graphidx.mxfp4 import cache_layout
 
 HEAD_DIM = 128
 CHECK_SEQS = 4
+ENTRY_BYTES = cache_layout(1, HEAD_DIM, 64).entry_bytes
+"""Bytes of one MXFP4 key (and of one query head): codes and scales, 68 at D = 128."""
 
 
 def _logits_bytes_flops(
     row_lens: list[int], seq_keys: int, rows: int, num_heads: int
 ) -> tuple[float, float]:
-    entry_bytes = HEAD_DIM // 2 + HEAD_DIM // 32
     written = sum(row_lens)
     bytes_moved = (
-        seq_keys * entry_bytes  # K read once
-        + rows * num_heads * (HEAD_DIM // 2 + HEAD_DIM // 32 + 4)  # q, q_scale, weights
+        seq_keys * ENTRY_BYTES  # K read once
+        + rows * num_heads * (ENTRY_BYTES + 4)  # q, q_scale, weights
         + written * 4  # logits
     )
     flops = 2.0 * written * num_heads * HEAD_DIM
@@ -223,12 +225,11 @@ def gather_case(
     launch("reference", CHECK_SEQS, want)
     check = compare_logits(out[: CHECK_SEQS * next_n], want, precision)
     elapsed, timing = time_case(run)
-    entry_bytes = HEAD_DIM // 2 + HEAD_DIM // 32
     scored = rows * width
     bytes_moved = float(
-        scored * entry_bytes  # every gathered key read once per row
+        scored * ENTRY_BYTES  # every gathered key read once per row
         + rows * pool_blocks * 4  # positions
-        + rows * num_heads * (entry_bytes + 4)
+        + rows * num_heads * (ENTRY_BYTES + 4)
         + scored * 4
     )
     flops = 2.0 * scored * num_heads * HEAD_DIM
