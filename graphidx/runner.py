@@ -13,7 +13,9 @@ their stale bytes hold), then runs the layers, whose kernels read the request bl
 directly. So the host's replayed step is O(1) checks, the copies of inputs the caller did
 not write in place, one scalar write and one replay. Every other step (prefill, mixed,
 ragged, above the largest size) plans on the host with the builder and runs the same layer
-code eagerly, on the caller's tensors.
+code eagerly, on the caller's tensors; except that under adaptive verification a uniform
+step above the largest size runs the captured step's code eagerly at its own size, since
+its host offsets may be a placeholder that only the device offsets correct.
 
 What the caller owns: the KV caches (one per layer, allocated once; the runner records their
 addresses and graphs read them in place) and the step's `StepBatch` and `LayerInput`s, which
@@ -333,10 +335,11 @@ class IndexerGraphRunner:
             )
         return self._uniform_step(shape)
 
-    def _uniform_step(self, shape: StepShape) -> Callable[[], None]:
-        """The uniform decode step of `shape`: derive its metadata, then every layer."""
+    def _uniform_step(self, shape: StepShape, *, compiled: bool = True) -> Callable[[], None]:
+        """The uniform decode step of `shape`: derive its metadata, then every layer
+        (`compiled=False`: the plain layers, whatever `compile_layers` says)."""
         captured = self._uniform_decode(shape)
-        layers = self._decode_layers
+        layers = self._decode_layers if compiled else self._run_layers
 
         def step() -> None:
             captured.derive()
@@ -380,7 +383,8 @@ class IndexerGraphRunner:
         adaptive verification the host offsets may be that uniform placeholder while the
         device `batch.query_start_loc` holds the real rows (packed from row 0, at most
         `next_n * num_real_reqs` of them): the graph derives the rows' owners and ends from
-        the device offsets, and rows past the real ones get no picks. Anything else runs eagerly
+        the device offsets, and rows past the real ones get no picks; such a step above the
+        largest capture size runs the same derivation eagerly, unpadded. Anything else runs eagerly
         (counted with its reason). `force_eager` runs the same padded step eagerly;
         `pad=False` plans the real requests on the host and runs them eagerly, unpadded
         (both used by the replay-correctness harness). `synchronize=True` waits for the
@@ -416,7 +420,9 @@ class IndexerGraphRunner:
                     reason = "forced eager" if force_eager else f"shape {shape.label} not captured"
                 if not force_eager:
                     self.graphs.record_eager(shape, reason)
-                self._uniform_step(shape)()
+                # A size above the ladder is never captured: the plain layers, so that
+                # compile_layers does not compile again for every such size.
+                self._uniform_step(shape, compiled=shape.num_tokens <= self.capture_sizes.largest)()
         else:
             if pad:
                 self.graphs.record_eager(None, reason or "?")
@@ -451,7 +457,9 @@ class IndexerGraphRunner:
 
     def _shape_of(self, offsets: np.ndarray, live: int) -> tuple[StepShape | None, str | None]:
         """The padded graph key of a uniform decode step (host `offsets`, `live` real
-        requests), or None and why not."""
+        requests), or None and why not. Under adaptive verification a step above the
+        largest capture size gets its own unpadded shape (never captured: it runs eagerly)
+        and the reason."""
         next_n = self.config.next_n
         tokens = int(offsets[live])
         if live == 0 or tokens != live * next_n:
@@ -469,6 +477,11 @@ class IndexerGraphRunner:
                     self.capture_sizes.largest,
                 )
                 self._warned_above_largest = True
+            if self._rows_from_device:
+                # The host offsets may be the uniform placeholder, which the host planner
+                # would take for the real rows: only the device offsets fix them, so the
+                # step runs the captured step's derivation eagerly, at its own size.
+                return StepShape(tokens, live, next_n), "above the largest capture size"
             return None, "above the largest capture size"
         return shape, None
 

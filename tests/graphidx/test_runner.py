@@ -387,3 +387,21 @@ def test_adaptive_rows_from_the_host_placeholder_are_caught(
     runner, gen = _setup(seed=6, config=ADAPTIVE, max_size=24)
     report = check_replay(runner, gen.cases(6, kinds=("adaptive",)))
     assert not report.ok
+
+
+def test_adaptive_step_above_the_largest_capture_size_follows_the_device_rows() -> None:
+    """An adaptive step too large for any graph runs eagerly, and still by the device
+    offsets: the host planner would take the uniform placeholder for the real rows."""
+    runner, gen = _setup(seed=8, config=ADAPTIVE, max_size=6)
+    cases = [c for c in gen.cases(40, kinds=("adaptive",)) if c.batch.num_tokens > 6]
+    reallocated = [
+        c
+        for c in cases[:8]
+        if not torch.equal(c.reference.query_start_loc_cpu, c.batch.query_start_loc_cpu)
+    ]
+    assert len(cases) >= 5 and reallocated, "the cases must reallocate drafts above the ladder"
+    report = check_replay(runner, cases[:8])
+    assert report.ok, report.mismatches[:5]
+    assert report.replayed == 0
+    reasons = runner.graphs.stats().eager_fallbacks
+    assert reasons.get("above the largest capture size") == min(len(cases), 8)
