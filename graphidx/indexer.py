@@ -70,6 +70,21 @@ def _check_layer_inputs(
         )
 
 
+def _fill_unwritten_rows(
+    topk_indices: torch.Tensor, num_tokens: int, written: list[tuple[int, int]]
+) -> None:
+    """-1 in the rows of `[0, num_tokens)` that no launch of the layer writes: `written` are
+    the row ranges whose top-k (or remap) launches write every slot of every row. A uniform
+    decode step, whose decode rows are all its tokens, launches nothing here."""
+    start = 0
+    for first, last in sorted([r for r in written if r[1] > r[0]], key=lambda r: r[0]):
+        if first > start:
+            topk_indices[start:first].fill_(-1)
+        start = max(start, last)
+    if num_tokens > start:
+        topk_indices[start:num_tokens].fill_(-1)
+
+
 def _decode_grouping(metadata: IndexerMetadata) -> dict[str, object]:
     """Keyword arguments of the decode rows' grouping: requests by device row offsets, native
     next_n sequences, or flat rows."""
@@ -121,9 +136,11 @@ def dense_indexer(
         raise ValueError("candidate_source=True needs candidate_block_size > 0 in the config")
     size = config.candidate_block_size
     k = config.topk_tokens
-    topk_indices[: metadata.num_tokens].fill_(-1)
-
     decode = metadata.decode
+    decode_rows = decode.num_rows if decode is not None else 0
+    chunk_rows = [(c.token_start, c.token_end) for c in metadata.chunks]
+    _fill_unwritten_rows(topk_indices, metadata.num_tokens, [(0, decode_rows), *chunk_rows])
+
     if decode is not None and decode.num_rows:
         rows = decode.num_rows
         logits = workspace.decode_logits_view(rows, decode.width)
@@ -226,8 +243,15 @@ def candidate_consumer(
         raise ValueError("candidate_consumer needs sparse_logits=True in the config")
     size = config.candidate_block_size
     k = config.topk_tokens
-    topk_indices[: metadata.num_tokens].fill_(-1)
     decode = metadata.decode
+    written = [(0, decode.num_rows if decode is not None else 0)]
+    written += [
+        (c.token_start, c.token_end)
+        for c, p in zip(metadata.chunks, metadata.plans, strict=True)
+        if not p.use_gather
+    ]
+    written += [(g.token_start, g.token_end) for g in metadata.gather_launches]
+    _fill_unwritten_rows(topk_indices, metadata.num_tokens, written)
 
     if resolve_pool:
         if decode is not None and decode.num_rows:

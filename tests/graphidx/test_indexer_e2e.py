@@ -353,3 +353,17 @@ def test_layers_run_in_the_configured_precision(
     assert meta.decode_use_gather
     assert {name for name, _ in asked} == {"dense", "gather"}
     assert {precision for _, precision in asked} == {"fp8"}
+
+
+def test_rows_no_launch_writes_get_minus_one() -> None:
+    """The layers' fill covers exactly the rows of [0, num_tokens) outside every launch."""
+    from graphidx.indexer import _fill_unwritten_rows
+
+    out = torch.full((12, 3), 7, dtype=torch.int32)
+    _fill_unwritten_rows(out, 10, [(0, 2), (5, 7), (4, 5), (0, 0)])
+    filled = [r for r in range(12) if bool((out[r] == -1).all())]
+    assert filled == [2, 3, 7, 8, 9]
+    assert bool((out[[0, 1, 4, 5, 6, 10, 11]] == 7).all())
+    untouched = torch.full((4, 3), 7, dtype=torch.int32)
+    _fill_unwritten_rows(untouched, 4, [(0, 4)])  # a uniform decode step: nothing to fill
+    assert bool((untouched == 7).all())
