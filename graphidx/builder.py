@@ -46,7 +46,11 @@ from graphidx.metadata import (
     PrefillPlan,
     RequestRows,
 )
-from graphidx.ops.schedule import build_decode_schedule, derive_uniform_decode
+from graphidx.ops.schedule import (
+    build_decode_schedule,
+    default_target_items,
+    derive_uniform_decode,
+)
 from graphidx.ops.schedule_format import schedule_ints
 from graphidx.plan import (
     build_decode_rows,
@@ -152,6 +156,8 @@ class IndexerMetadataBuilder:
         self.decode_schedule = (
             self.device.type == "cuda" if decode_schedule is None else bool(decode_schedule)
         )
+        # Item count the schedule aims at (about one per persistent logits program).
+        self._target_items = default_target_items(self.device) if self.decode_schedule else 0
         self.num_pages = num_pages
         self.layout = self._check_config()
         self.min_gather_width: int | None = None
@@ -217,7 +223,10 @@ class IndexerMetadataBuilder:
             # One group per decode row at most (a flattened launch), each up to logits_width;
             # zero-filled, it reads as untrusted until built.
             groups = min(rows, reqs * config.next_n)
-            buffer("schedule", schedule_ints(groups, config.logits_width))
+            buffer(
+                "schedule",
+                schedule_ints(groups, config.logits_width, target_items=self._target_items),
+            )
         self._decode_staging = _HostStaging(2 * rows, self.device)
         self._prefill_staging = _HostStaging(3 * rows, self.device)
         self._row_table_flat = self._buffers["row_block_table"].view(-1)
@@ -244,7 +253,9 @@ class IndexerMetadataBuilder:
         if schedule is None:
             return None
         next_n = decode.native.next_n if decode.native is not None else 1
-        build_decode_schedule(decode.row_lens, schedule, next_n=next_n)
+        build_decode_schedule(
+            decode.row_lens, schedule, next_n=next_n, target_items=self._target_items
+        )
         return schedule
 
     def _gather_plan(
@@ -347,6 +358,7 @@ class IndexerMetadataBuilder:
                 compress_ratio=config.compress_ratio,
                 candidate_block_size=config.candidate_block_size if block_ends is not None else 0,
                 group_rows=next_n,
+                target_items=self._target_items,
                 backend=backend,
             )
 

@@ -33,31 +33,60 @@ def _check_split_keys(split_keys: int) -> None:
         raise ValueError(f"split_keys must be a multiple of {SPLIT_ALIGNMENT}, got {split_keys}")
 
 
+TARGET_ITEMS_PER_SM = 4
+"""Items per multiprocessor a GPU build aims at: one per persistent program of the scheduled
+logits grid (`LogitsConfig.programs_per_sm`)."""
+
+
+def default_target_items(device: torch.device) -> int:
+    """The target item count of a decode schedule built for `device`: TARGET_ITEMS_PER_SM per
+    multiprocessor on a GPU, 0 (the fixed split) elsewhere. A host constant of the device."""
+    if device.type != "cuda":
+        return 0
+    from graphidx.ops.kernels import multiprocessor_count
+
+    return TARGET_ITEMS_PER_SM * multiprocessor_count(device)
+
+
+def _check_target_items(target_items: int) -> None:
+    check_int("target_items", target_items, minimum=0)
+
+
 def allocate_schedule(
     max_seqs: int,
     max_width: int,
     device: torch.device | str,
     *,
     split_keys: int = SCHEDULE_SPLIT_KEYS,
+    target_items: int = 0,
 ) -> torch.Tensor:
     """A zeroed schedule buffer for up to `max_seqs` row groups of up to `max_width` keys.
 
     max_seqs counts the groups a decode launch can have: requests for a native (next_n)
     launch, rows for a flattened one. Capacity is max_seqs * cdiv(max_width, split_keys)
-    items, enough for every group at full width (pass the split_keys the builds will use).
+    items, enough for every group at full width, or target_items + max_seqs when larger
+    (pass the split_keys and target_items the builds will use).
     Returns int32 `[4 + 3 * capacity]`; until it is built it reads as untrusted (the static
     grid runs).
     """
     check_int("max_seqs", max_seqs, minimum=1)
     check_int("max_width", max_width, minimum=1)
     _check_split_keys(split_keys)
+    _check_target_items(target_items)
     return torch.zeros(
-        schedule_ints(max_seqs, max_width, split_keys), dtype=torch.int32, device=device
+        schedule_ints(max_seqs, max_width, split_keys, target_items),
+        dtype=torch.int32,
+        device=device,
     )
 
 
 def build_decode_schedule_reference(
-    row_lens: torch.Tensor, schedule: torch.Tensor, *, next_n: int, split_keys: int
+    row_lens: torch.Tensor,
+    schedule: torch.Tensor,
+    *,
+    next_n: int,
+    split_keys: int,
+    target_items: int = 0,
 ) -> None:
     """Torch oracle of `build_decode_schedule`: tensor ops only, no host sync.
 
@@ -73,7 +102,12 @@ def build_decode_schedule_reference(
         schedule[:SCHEDULE_HEADER_INTS].copy_(header)
         return
     spans = row_lens.to(torch.int64).view(groups, next_n).amax(dim=1).clamp(min=0)
-    items = ((spans + split_keys - 1) // split_keys).clamp(min=1)
+    split = torch.tensor(split_keys, dtype=torch.int64, device=device)
+    if target_items > 0:
+        per_item = (spans.sum() + target_items - 1) // target_items
+        per_item = (per_item + SPLIT_ALIGNMENT - 1) // SPLIT_ALIGNMENT * SPLIT_ALIGNMENT
+        split = per_item.clamp(SPLIT_ALIGNMENT, split_keys)
+    items = ((spans + split - 1) // split).clamp(min=1)
     total = items.sum()
     spare = capacity - groups
     extra = (total - groups).clamp(min=1)
@@ -86,7 +120,7 @@ def build_decode_schedule_reference(
     slot = torch.arange(capacity, device=device)
     group = torch.searchsorted(ends, slot, right=True).clamp(max=groups - 1)
     index = slot - (ends - count)[group]
-    item_keys = per_item[group] * split_keys
+    item_keys = per_item[group] * split
     key_start = index * item_keys
     key_end = torch.where(index == count[group] - 1, KEY_END_OPEN, key_start + item_keys)
     used = (slot < written) & complete
@@ -106,15 +140,22 @@ def build_decode_schedule_reference(
 
 
 def _build_decode_schedule_body(
-    row_lens: torch.Tensor, schedule: torch.Tensor, next_n: int, split_keys: int, backend: str
+    row_lens: torch.Tensor,
+    schedule: torch.Tensor,
+    next_n: int,
+    split_keys: int,
+    target_items: int,
+    backend: str,
 ) -> None:
     if backend == "reference":
-        build_decode_schedule_reference(row_lens, schedule, next_n=next_n, split_keys=split_keys)
+        build_decode_schedule_reference(
+            row_lens, schedule, next_n=next_n, split_keys=split_keys, target_items=target_items
+        )
     elif backend == "triton":
         from graphidx.ops.kernels import schedule as triton_schedule
 
         triton_schedule.build_decode_schedule(
-            row_lens, schedule, next_n=next_n, split_keys=split_keys
+            row_lens, schedule, next_n=next_n, split_keys=split_keys, target_items=target_items
         )
     elif backend == "aiter":
         raise NotImplementedError(
@@ -136,6 +177,7 @@ def build_decode_schedule(
     *,
     next_n: int = 1,
     split_keys: int = SCHEDULE_SPLIT_KEYS,
+    target_items: int = 0,
     backend: str | None = None,
 ) -> None:
     """Fill `schedule` with the decode work items for `row_lens` (format: module docstring).
@@ -143,7 +185,9 @@ def build_decode_schedule(
     row_lens int32 `[rows]` (each row's end; rows a multiple of next_n); schedule int32 1-D
     from `allocate_schedule`, on the same device, holding at least one item per group
     (rows // next_n). next_n: rows per group, as passed to `paged_mqa_logits` (1 for a
-    flattened launch). split_keys: keys per item, a multiple of 256 (SPLIT above).
+    flattened launch). split_keys: keys per item, a multiple of 256 (SPLIT above), or with
+    target_items > 0 the largest item size, the step's keys then cut to about that many
+    items (`graphidx.ops.schedule_format`; `default_target_items` is the GPU's).
     Runs on the device; no host sync.
     """
     check_tensor("row_lens", row_lens, dtype=torch.int32, rank=1)
@@ -151,6 +195,7 @@ def build_decode_schedule(
     check_tensor("schedule", schedule, dtype=torch.int32, rank=1, device=device)
     check_int("next_n", next_n, minimum=1)
     _check_split_keys(split_keys)
+    _check_target_items(target_items)
     rows = row_lens.shape[0]
     if rows % next_n:
         raise ValueError(f"next_n={next_n} does not divide the {rows} rows of row_lens")
@@ -168,6 +213,7 @@ def build_decode_schedule(
         schedule,
         next_n,
         split_keys,
+        target_items,
         resolved,
     )
 
@@ -185,6 +231,7 @@ def derive_uniform_decode_reference(
     candidate_block_size: int,
     group_rows: int,
     split_keys: int,
+    target_items: int = 0,
 ) -> None:
     """Torch oracle of `derive_uniform_decode`: tensor ops only, no host sync."""
     reqs = seq_lens.shape[0]
@@ -200,7 +247,7 @@ def derive_uniform_decode_reference(
         block_ends.copy_((row_lens + size - 1) // size)
     if schedule is not None:
         build_decode_schedule_reference(
-            row_lens, schedule, next_n=group_rows, split_keys=split_keys
+            row_lens, schedule, next_n=group_rows, split_keys=split_keys, target_items=target_items
         )
 
 
@@ -216,6 +263,7 @@ def _derive_uniform_decode_body(
     candidate_block_size: int,
     group_rows: int,
     split_keys: int,
+    target_items: int,
     backend: str,
 ) -> None:
     fn = implementation(
@@ -233,6 +281,7 @@ def _derive_uniform_decode_body(
         candidate_block_size=candidate_block_size,
         group_rows=group_rows,
         split_keys=split_keys,
+        target_items=target_items,
     )
 
 
@@ -256,6 +305,7 @@ def derive_uniform_decode(
     candidate_block_size: int = 0,
     group_rows: int | None = None,
     split_keys: int = SCHEDULE_SPLIT_KEYS,
+    target_items: int = 0,
     backend: str | None = None,
 ) -> None:
     """A uniform decode step's metadata, derived on the device in one op.
@@ -268,7 +318,8 @@ def derive_uniform_decode(
     `max(L - next_n + j + 1, 0) // R`; `block_ends = ceil(row_lens / C)` when given (needs
     `candidate_block_size` C > 0); and, when `schedule` is given, the decode schedule of
     those row ends with `group_rows` rows per group (`next_n` for a native launch, 1 for a
-    flattened one; default next_n). Reads no host value that changes per step, so a graph
+    flattened one; default next_n; `split_keys` and `target_items` as in
+    `build_decode_schedule`). Reads no host value that changes per step, so a graph
     captured with it recomputes all of these at every replay.
     """
     check_tensor("seq_lens", seq_lens, dtype=torch.int32, rank=1)
@@ -304,6 +355,7 @@ def derive_uniform_decode(
     if schedule is not None:
         check_tensor("schedule", schedule, dtype=torch.int32, rank=1, device=device)
         _check_split_keys(split_keys)
+        _check_target_items(target_items)
         if schedule_capacity(schedule) < rows // group_rows:
             raise ValueError(
                 f"schedule holds {schedule_capacity(schedule)} items, fewer than the "
@@ -326,6 +378,7 @@ def derive_uniform_decode(
         candidate_block_size,
         group_rows,
         split_keys,
+        target_items,
         resolved,
     )
 
@@ -336,9 +389,11 @@ __all__ = [
     "SCHEDULE_ITEM_INTS",
     "SCHEDULE_SPLIT_KEYS",
     "SPLIT_ALIGNMENT",
+    "TARGET_ITEMS_PER_SM",
     "allocate_schedule",
     "build_decode_schedule",
     "build_decode_schedule_reference",
+    "default_target_items",
     "derive_uniform_decode",
     "derive_uniform_decode_reference",
     "schedule_capacity",

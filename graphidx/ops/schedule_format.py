@@ -17,7 +17,10 @@ item's end key is KEY_END_OPEN ("up to the group's span"): the logits kernel cli
 to the span it computes from the actual row ends and context lengths. Every group has at
 least one item, so a schedule left stale after row_lens changed still covers every key (it
 is only less balanced). When the items exceed the capacity, each group keeps one item and
-the spare slots are shared pro rata (items then cover whole multiples of SPLIT). A buffer
+the spare slots are shared pro rata (items then cover whole multiples of SPLIT). A build
+given a target item count T uses, instead of `split_keys`, SPLIT = the sum of the spans over
+T rounded up to a multiple of SPLIT_ALIGNMENT, within [SPLIT_ALIGNMENT, split_keys]: a small
+batch's keys are cut finer and spread over about T programs. A buffer
 that cannot hold one item per group is written with complete = 0, and a zero-filled buffer
 also reads as untrusted: the logits kernel then walks its static grid instead. The answer
 never depends on the schedule.
@@ -52,9 +55,15 @@ def schedule_capacity(schedule: torch.Tensor) -> int:
     return max(0, (schedule.shape[0] - SCHEDULE_HEADER_INTS) // SCHEDULE_ITEM_INTS)
 
 
-def schedule_ints(max_seqs: int, max_width: int, split_keys: int = SCHEDULE_SPLIT_KEYS) -> int:
-    """Length of a buffer holding every one of `max_seqs` groups at `max_width` keys."""
-    return SCHEDULE_HEADER_INTS + SCHEDULE_ITEM_INTS * max_seqs * cdiv(max_width, split_keys)
+def schedule_ints(
+    max_seqs: int, max_width: int, split_keys: int = SCHEDULE_SPLIT_KEYS, target_items: int = 0
+) -> int:
+    """Length of a buffer holding every one of `max_seqs` groups at `max_width` keys, and,
+    for builds that aim at `target_items` items, that many plus one per group."""
+    items = max(
+        max_seqs * cdiv(max_width, split_keys), target_items + max_seqs if target_items else 0
+    )
+    return SCHEDULE_HEADER_INTS + SCHEDULE_ITEM_INTS * items
 
 
 __all__ = [

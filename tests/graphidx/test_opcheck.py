@@ -125,7 +125,7 @@ def test_paged_mqa_logits(grouping: str, with_block_scores: bool) -> None:
     if grouping == "next_n":
         # A decode schedule rides along (it never changes the answer).
         schedule = allocate_schedule(3, WIDTH, "cpu", split_keys=SPLIT_KEYS)
-        torch.ops.graphidx.build_decode_schedule(step.row_ends, schedule, 2, SPLIT_KEYS, BACKEND)
+        torch.ops.graphidx.build_decode_schedule(step.row_ends, schedule, 2, SPLIT_KEYS, 0, BACKEND)
     opcheck(
         torch.ops.graphidx.paged_mqa_logits,
         (
@@ -205,10 +205,10 @@ def test_apply_candidate_mask() -> None:
 @pytest.mark.parametrize("next_n", [1, 2])
 def test_build_decode_schedule(next_n: int) -> None:
     row_lens = torch.tensor([0, 300, 1000, 5, 600, 257], dtype=torch.int32)
-    schedule = allocate_schedule(6 // next_n, 1000, "cpu", split_keys=SPLIT_KEYS)
+    schedule = allocate_schedule(6 // next_n, 1000, "cpu", split_keys=SPLIT_KEYS, target_items=8)
     opcheck(
         torch.ops.graphidx.build_decode_schedule,
-        (row_lens, schedule, next_n, SPLIT_KEYS, BACKEND),
+        (row_lens, schedule, next_n, SPLIT_KEYS, 8, BACKEND),  # 8: target items
     )
 
 
@@ -244,6 +244,7 @@ def test_derive_uniform_decode(
             size,
             group_rows,
             SPLIT_KEYS,
+            0,  # target_items
             BACKEND,
         ),
     )

@@ -130,3 +130,41 @@ def test_build_decode_schedule_too_small_buffer() -> None:
         build_decode_schedule(torch.zeros(3, dtype=torch.int64), schedule)
     with pytest.raises(ValueError, match="max_seqs"):
         allocate_schedule(0, 10, "cpu")
+
+
+@pytest.mark.parametrize(
+    ("groups", "width", "target", "split_keys"),
+    [(1, 8192, 528, 2048), (3, 5000, 16, 1024), (64, 8192, 528, 2048), (5, 300, 8, 2048)],
+)
+def test_target_items_cut_a_small_step_finer(
+    gen: torch.Generator, groups: int, width: int, target: int, split_keys: int
+) -> None:
+    """With a target item count the item size is the step's keys over the target, rounded up
+    to 256 and within [256, split_keys]; reference and Triton write the same items, which
+    cover every group's span."""
+    next_n = 2
+    row_lens = torch.randint(0, width + 1, (groups * next_n,), generator=gen).to(torch.int32)
+    row_lens[1] = width
+    spans = [max(0, max(row_lens[g * next_n : (g + 1) * next_n].tolist())) for g in range(groups)]
+    split = min(max(cdiv(cdiv(sum(spans), target), 256) * 256, 256), split_keys)
+    want = []
+    for g, span in enumerate(spans):
+        count = max(1, cdiv(span, split))
+        want += [(g, j * split, KEY_END_OPEN if j == count - 1 else (j + 1) * split)
+                 for j in range(count)]  # fmt: skip
+    for backend in ("reference", "triton"):
+        schedule = allocate_schedule(groups, width, "cpu", split_keys=split_keys,
+                                     target_items=target).fill_(POISON)  # fmt: skip
+        build_decode_schedule(row_lens, schedule, next_n=next_n, split_keys=split_keys,
+                              target_items=target, backend=backend)  # fmt: skip
+        assert int(schedule[3]) == 1, backend
+        assert items_of(schedule) == want, backend
+        assert len(want) <= target + groups
+
+
+def test_target_items_refused_when_negative() -> None:
+    schedule = allocate_schedule(2, 512, "cpu")
+    with pytest.raises(ValueError, match="target_items"):
+        build_decode_schedule(torch.zeros(2, dtype=torch.int32), schedule, target_items=-1)
+    with pytest.raises(ValueError, match="target_items"):
+        allocate_schedule(2, 512, "cpu", target_items=-3)

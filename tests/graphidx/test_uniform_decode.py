@@ -32,11 +32,12 @@ def brute_force(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
-    ("next_n", "ratio", "size", "group_rows"),
-    [(1, 1, 0, 1), (2, 1, 8, 2), (2, 4, 8, 1), (3, 2, 0, 3), (4, 1, 8, 4)],
-)
+    ("next_n", "ratio", "size", "group_rows", "target"),
+    [(1, 1, 0, 1, 0), (2, 1, 8, 2, 0), (2, 4, 8, 1, 0), (3, 2, 0, 3, 0), (4, 1, 8, 4, 0),
+     (2, 1, 8, 2, 40), (2, 4, 0, 1, 200)],
+)  # fmt: skip
 def test_derive_matches_brute_force_and_the_schedule_builder(
-    backend: str, next_n: int, ratio: int, size: int, group_rows: int
+    backend: str, next_n: int, ratio: int, size: int, group_rows: int, target: int
 ) -> None:
     gen = torch.Generator().manual_seed(next_n * 10 + ratio)
     reqs, live = 23, 17
@@ -47,7 +48,8 @@ def test_derive_matches_brute_force_and_the_schedule_builder(
     contexts = torch.full((reqs,), POISON, dtype=torch.int32)
     rows = torch.full((reqs * next_n,), POISON, dtype=torch.int32)
     blocks = torch.full((reqs * next_n,), POISON, dtype=torch.int32) if size else None
-    schedule = allocate_schedule(reqs * next_n, 3000, "cpu", split_keys=256)
+    split = 2048 if target else 256  # a target cuts items finer than split_keys
+    schedule = allocate_schedule(reqs * next_n, 3000, "cpu", split_keys=split, target_items=target)
     schedule.fill_(POISON)
     derive_uniform_decode(
         seq,
@@ -60,7 +62,8 @@ def test_derive_matches_brute_force_and_the_schedule_builder(
         compress_ratio=ratio,
         candidate_block_size=size,
         group_rows=group_rows,
-        split_keys=256,
+        split_keys=split,
+        target_items=target,
         backend=backend,
     )
     want_ctx, want_rows, want_blocks = brute_force(seq.tolist(), live, next_n, ratio, size)
@@ -68,12 +71,13 @@ def test_derive_matches_brute_force_and_the_schedule_builder(
     assert rows.tolist() == want_rows
     if blocks is not None:
         assert blocks.tolist() == want_blocks
-    expected = allocate_schedule(reqs * next_n, 3000, "cpu", split_keys=256)
+    expected = allocate_schedule(reqs * next_n, 3000, "cpu", split_keys=split, target_items=target)
     build_decode_schedule(
         torch.tensor(want_rows, dtype=torch.int32),
         expected,
         next_n=group_rows,
-        split_keys=256,
+        split_keys=split,
+        target_items=target,
         backend="reference",
     )
     used = 4 + 3 * int(expected[0])

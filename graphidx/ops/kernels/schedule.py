@@ -3,7 +3,9 @@
 One program writes the schedule buffer on the device, so building it is part of the step's
 device work and never a host sync. Two passes over the groups in blocks of BLOCK_G: the first
 counts items (to know whether the buffer's capacity suffices), the second writes each group's
-items with one masked 2-D store per block of BLOCK_J items.
+items with one masked 2-D store per block of BLOCK_J items. With ADAPT (a target item count)
+the first pass sums the groups' keys instead, the item size is chosen from that sum, and a
+counting pass at that size runs before the writing one.
 
 With DERIVE the same program is the captured uniform-decode step's metadata: the group spans
 come from the persistent request lengths and the live-request count instead of `row_lens`,
@@ -30,6 +32,7 @@ ITEM_KEY_START = tl.constexpr(fmt.ITEM_KEY_START)
 ITEM_KEY_END = tl.constexpr(fmt.ITEM_KEY_END)
 KEY_END_OPEN = tl.constexpr(fmt.KEY_END_OPEN)
 HEADER_INTS = tl.constexpr(fmt.SCHEDULE_HEADER_INTS)
+ALIGNMENT = tl.constexpr(fmt.SPLIT_ALIGNMENT)
 ITEM_INTS = tl.constexpr(fmt.SCHEDULE_ITEM_INTS)
 
 BLOCK_G = 128
@@ -84,8 +87,10 @@ def _build_schedule_kernel(
     derived,
     num_groups,
     capacity,
+    target_items,
     DERIVE: tl.constexpr,
     WRITE_SCHEDULE: tl.constexpr,
+    ADAPT: tl.constexpr,
     ROWS: tl.constexpr,
     ROWS_PAD: tl.constexpr,
     NEXT_N: tl.constexpr,
@@ -95,6 +100,8 @@ def _build_schedule_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
+    # Pass 1 (which also stores the derived values): items at SPLIT keys, or with ADAPT the
+    # keys of all groups, for the item size that spreads them over about target_items.
     total = tl.zeros([], tl.int64)
     for first in range(0, num_groups, BLOCK_G):
         group = first + tl.arange(0, BLOCK_G)
@@ -102,8 +109,23 @@ def _build_schedule_kernel(
         span = _group_spans(
             lens_ptr, derived, group, ok, DERIVE, DERIVE, ROWS, ROWS_PAD, NEXT_N, R, C
         )
-        items = tl.where(ok, tl.maximum(tl.cdiv(span, SPLIT), 1), 0)
-        total += tl.sum(items.to(tl.int64), axis=0)
+        if ADAPT:
+            total += tl.sum(tl.where(ok, span, 0).to(tl.int64), axis=0)
+        else:
+            total += tl.sum(tl.where(ok, tl.maximum(tl.cdiv(span, SPLIT), 1), 0).to(tl.int64), 0)
+    split = tl.zeros([], tl.int32) + SPLIT
+    if ADAPT:
+        per_item = tl.cdiv(tl.cdiv(total, target_items), ALIGNMENT) * ALIGNMENT
+        split = tl.minimum(tl.maximum(per_item, ALIGNMENT), SPLIT).to(tl.int32)
+        total = tl.zeros([], tl.int64)
+        for first in range(0, num_groups, BLOCK_G):
+            group = first + tl.arange(0, BLOCK_G)
+            ok = group < num_groups
+            span = _group_spans(
+                lens_ptr, derived, group, ok, False, DERIVE, ROWS, ROWS_PAD, NEXT_N, R, C
+            )
+            items = tl.where(ok, tl.maximum(tl.cdiv(span, split), 1), 0)
+            total += tl.sum(items.to(tl.int64), axis=0)
     if WRITE_SCHEDULE:
         complete = num_groups <= capacity
         over = total > capacity
@@ -117,13 +139,13 @@ def _build_schedule_kernel(
             span = _group_spans(
                 lens_ptr, derived, group, ok, False, DERIVE, ROWS, ROWS_PAD, NEXT_N, R, C
             )
-            items = tl.where(ok, tl.maximum(tl.cdiv(span, SPLIT), 1), 0)
+            items = tl.where(ok, tl.maximum(tl.cdiv(span, split), 1), 0)
             granted = tl.where(over, 1 + ((items - 1).to(tl.int64) * spare) // extra, items)
             granted = tl.maximum(granted.to(tl.int32), 1)
             splits_per_item = tl.cdiv(items, granted)
             count = tl.where(ok, tl.cdiv(items, tl.maximum(splits_per_item, 1)), 0)
             offset = written + tl.cumsum(count, axis=0) - count
-            item_keys = splits_per_item * SPLIT
+            item_keys = splits_per_item * split
             for j_first in range(0, tl.max(count, axis=0), BLOCK_J):
                 j = j_first + tl.arange(0, BLOCK_J)
                 # where(), not `&`: the interpreter mistypes a vector & scalar bool.
@@ -153,6 +175,7 @@ def _launch(
     derive: bool,
     group_rows: int,
     split_keys: int,
+    target_items: int,
     next_n: int = 1,
     compress_ratio: int = 1,
     candidate_block_size: int = 0,
@@ -164,8 +187,10 @@ def _launch(
         derived,
         num_groups,
         capacity,
+        max(target_items, 1),
         DERIVE=derive,
         WRITE_SCHEDULE=schedule is not None,
+        ADAPT=target_items > 0 and schedule is not None,
         ROWS=group_rows,
         ROWS_PAD=triton.next_power_of_2(group_rows),
         NEXT_N=next_n,
@@ -179,7 +204,12 @@ def _launch(
 
 
 def build_decode_schedule(
-    row_lens: torch.Tensor, schedule: torch.Tensor, *, next_n: int, split_keys: int
+    row_lens: torch.Tensor,
+    schedule: torch.Tensor,
+    *,
+    next_n: int,
+    split_keys: int,
+    target_items: int = 0,
 ) -> None:
     """Triton `build_decode_schedule` (arguments validated by graphidx.ops.schedule)."""
     _launch(
@@ -190,6 +220,7 @@ def build_decode_schedule(
         derive=False,
         group_rows=next_n,
         split_keys=split_keys,
+        target_items=target_items,
     )
 
 
@@ -206,6 +237,7 @@ def derive_uniform_decode(
     candidate_block_size: int,
     group_rows: int,
     split_keys: int,
+    target_items: int = 0,
 ) -> None:
     """Triton `derive_uniform_decode` (arguments validated by graphidx.ops.schedule)."""
     derived = (
@@ -222,6 +254,7 @@ def derive_uniform_decode(
         derive=True,
         group_rows=group_rows,
         split_keys=split_keys,
+        target_items=target_items,
         next_n=next_n,
         compress_ratio=compress_ratio,
         candidate_block_size=candidate_block_size if block_ends is not None else 0,
