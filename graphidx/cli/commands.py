@@ -44,6 +44,7 @@ def cmd_replay_check(args: argparse.Namespace) -> int:
         seed=args.seed,
         device=resolve_device(args.device),
         progress=not args.quiet,
+        precision=args.precision,
     )
     return 0 if mismatches == 0 else 1
 
@@ -80,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, default=0)
     check.add_argument("--device", default=None)
     check.add_argument("--quiet", action="store_true", help="no progress bar")
+    check.add_argument(
+        "--precision",
+        choices=("exact", "fp8", "both"),
+        default="both",
+        help="logits precision of the runners (both: fp8 too where the device runs it)",
+    )
     check.set_defaults(func=cmd_replay_check)
 
     cap = sub.add_parser("capture", help="capture sweep: time and memory per size")

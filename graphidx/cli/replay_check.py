@@ -1,8 +1,9 @@
 """`graphidx replay-check`: the replay-correctness harness over several model shapes.
 
-Cases rotate over three small runners that between them cover R in {1, 2, 4}, dense and
-two-level (candidate) stacks, next_n 2 and 3, and adaptive verification; each runner captures
-its decode ladder first, then `check_replay` runs every case eager-unpadded, eager-padded and
+Cases rotate over small runners that between them cover R in {1, 2, 4}, dense and two-level
+(candidate) stacks, next_n 2 and 3, and adaptive verification, each in the precisions asked
+for (both by default: `exact`, and `fp8` where the device runs it); each runner captures its
+decode ladder first, then `check_replay` runs every case eager-unpadded, eager-padded and
 through the normal replay path. Prints `N cases, M mismatches` last.
 """
 
@@ -17,6 +18,7 @@ import torch
 
 from capture import CaptureSizes
 from graphidx.config import IndexerConfig
+from graphidx.ops.backend import default_backend, resolve_precision
 from graphidx.runner import IndexerGraphRunner, IndexerStack
 from graphidx.testing import ReplayReport, StepGenerator, check_replay
 
@@ -27,10 +29,36 @@ class HarnessShape:
     config: IndexerConfig
     stack: IndexerStack
     max_context: int
+    max_capture: int
+    """Largest captured token count: below the largest step on purpose for the adaptive
+    shape, whose steps above it take their own eager path."""
 
 
-def harness_shapes(device: torch.device) -> list[HarnessShape]:
-    """Small shapes on a CPU; on a GPU the same structure at the full head counts."""
+PRECISION_CHOICES = ("exact", "fp8", "both")
+
+
+def harness_precisions(choice: str, device: torch.device) -> tuple[str, ...]:
+    """The precisions `--precision` asks for on `device`: `both` drops fp8 where the device's
+    default backend cannot run it (saying nothing: exact is what runs there); an explicit
+    `fp8` there raises ValueError."""
+    if choice not in PRECISION_CHOICES:
+        raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {choice!r}")
+    if choice == "exact":
+        return ("exact",)
+    try:
+        resolve_precision("fp8", default_backend(device), device)
+    except ValueError:
+        if choice == "fp8":
+            raise
+        return ("exact",)
+    return ("fp8",) if choice == "fp8" else ("exact", "fp8")
+
+
+def harness_shapes(
+    device: torch.device, precisions: tuple[str, ...] = ("exact",)
+) -> list[HarnessShape]:
+    """Small shapes on a CPU; on a GPU the same structure at the full head counts; each in
+    every precision of `precisions` (" fp8" added to the name)."""
     small = device.type != "cuda"
     heads, dim = (8, 64) if small else (64, 128)
     cand_heads = 8 if small else 32
@@ -40,8 +68,8 @@ def harness_shapes(device: torch.device) -> list[HarnessShape]:
         max_model_len=4096 if small else 16384, max_num_seqs=16 if small else 64
     )
     tokens = 256 if small else 1024
-    return [
-        HarnessShape(
+    base = [
+        (
             "v41-like R1",
             IndexerConfig.cpu_demo(
                 num_heads=cand_heads,
@@ -52,7 +80,7 @@ def harness_shapes(device: torch.device) -> list[HarnessShape]:
             IndexerStack(candidate_source=True, consumers=2),
             2048 if small else 8192,
         ),
-        HarnessShape(
+        (
             "v32-like R2 next_n 3",
             IndexerConfig(
                 num_heads=heads,
@@ -68,7 +96,7 @@ def harness_shapes(device: torch.device) -> list[HarnessShape]:
             IndexerStack(dense=2),
             2048 if small else 8192,
         ),
-        HarnessShape(
+        (
             "v41-like R4 adaptive",
             IndexerConfig.cpu_demo(
                 num_heads=cand_heads,
@@ -83,6 +111,24 @@ def harness_shapes(device: torch.device) -> list[HarnessShape]:
             4096 if small else 16384,
         ),
     ]
+    return [
+        HarnessShape(
+            name + ("" if precision == "exact" else f" {precision}"),
+            config.replace(precision=precision),
+            stack,
+            max_context,
+            _largest_capture(config),
+        )
+        for name, config, stack, max_context in base
+        for precision in precisions
+    ]
+
+
+def _largest_capture(config: IndexerConfig) -> int:
+    """Every uniform step of the shape's batches, up to 64 tokens; under adaptive
+    verification half of that, so some steps are above the ladder."""
+    tokens = min(64, config.max_num_seqs * config.next_n)
+    return tokens // 2 if config.adaptive_verification else tokens
 
 
 def _progress(done: int, total: int, mismatches: int, start: float) -> None:
@@ -106,13 +152,15 @@ def run_replay_check(
     device: torch.device,
     progress: bool = True,
     print_fn=print,
+    precision: str = "both",
 ) -> int:
-    """Run `cases` random steps over the harness shapes; print and return the mismatches."""
+    """Run `cases` random steps over the harness shapes in `precision` (`harness_precisions`);
+    print and return the mismatches."""
     if cases < 1:
         raise ValueError(f"cases must be >= 1, got {cases}")
     if backend == "device" and device.type != "cuda":
         raise ValueError("--backend device needs a CUDA/ROCm GPU (use --backend tape on a CPU)")
-    shapes = harness_shapes(device)
+    shapes = harness_shapes(device, harness_precisions(precision, device))
     setups = []
     for i, shape in enumerate(shapes):
         gen = StepGenerator(
@@ -130,8 +178,7 @@ def run_replay_check(
             device,
             graph_backend=backend,
             capture_sizes=CaptureSizes(
-                max_size=min(64, shape.config.max_num_seqs * shape.config.next_n),
-                uniform_query_len=shape.config.next_n,
+                max_size=shape.max_capture, uniform_query_len=shape.config.next_n
             ),
         )
         runner.capture()

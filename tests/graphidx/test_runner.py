@@ -405,3 +405,23 @@ def test_adaptive_step_above_the_largest_capture_size_follows_the_device_rows() 
     assert report.replayed == 0
     reasons = runner.graphs.stats().eager_fallbacks
     assert reasons.get("above the largest capture size") == min(len(cases), 8)
+
+
+def test_harness_runs_both_precisions_where_the_device_can() -> None:
+    """`replay-check` covers exact and fp8 runners (the CPU's reference runs both), the
+    adaptive shape captures below its largest steps, and a bad choice is refused."""
+    from graphidx.cli.replay_check import harness_precisions, harness_shapes
+
+    cpu = torch.device("cpu")
+    assert harness_precisions("both", cpu) == ("exact", "fp8")
+    assert harness_precisions("exact", cpu) == ("exact",)
+    shapes = harness_shapes(cpu, ("exact", "fp8"))
+    assert len(shapes) == 6
+    assert {s.config.precision for s in shapes} == {"exact", "fp8"}
+    assert all(s.name.endswith(" fp8") == (s.config.precision == "fp8") for s in shapes)
+    adaptive = [s for s in shapes if s.config.adaptive_verification]
+    assert adaptive and all(
+        s.max_capture < s.config.max_num_seqs * s.config.next_n for s in adaptive
+    )
+    with pytest.raises(ValueError, match="precision must be one of"):
+        harness_precisions("bf16", cpu)
