@@ -302,11 +302,14 @@ def topk_cases(
     ceilings: Ceilings,
     device: torch.device,
     measured_read: CaseResult | None = None,
+    *,
+    variants: bool = True,
 ) -> list[CaseResult]:
-    """Rows: `top-k {k}` (the default config, through the op); `top-k {k} P={p}` for each
-    other P in TOPK_SPLITS (`split_config(k, P)`); `top-k {k} P={default P} warps={w}` (the
-    default config with 8 warps, or 4 when it has 8, the same columns per thread) and
-    `... maxnreg=80` (with the register cap TOPK_MAX_REGISTERS); `torch.topk {k}`. Each
+    """Rows: `top-k {k}` (the default config, through the op); with `variants` also `top-k
+    {k} P={p}` for each other P in TOPK_SPLITS (`split_config(k, P)`), `top-k {k} P={default
+    P} warps={w}` (the default config with 8 warps, or 4 when it has 8, the same columns per
+    thread), `... maxnreg=80` (with the register cap TOPK_MAX_REGISTERS) and `torch.topk
+    {k}`. Each
     top-k row notes its time in reads of the logits: replay time over the nominal read
     (`x_one_read`, bytes / copy bandwidth) and, given `measured_read` (`logits_read_case`),
     over the measured read's (`x_measured_read`); device spans (`kernel_us`) over the nominal
@@ -342,6 +345,8 @@ def topk_cases(
         case(f"top-k {k}", lambda out: topk_per_row(logits, lengths, k, out, backend="triton"),
              default),
     ]  # fmt: skip
+    if not variants:
+        return results
     for split in TOPK_SPLITS:
         if split == default.programs_per_row:
             continue
@@ -353,13 +358,13 @@ def topk_cases(
 
         results.append(variant_point(label, functools.partial(case, label, run, config)))
     warps = 8 if default.num_warps != 8 else 4  # another warp count, at the default P
-    variants = {
+    configs = {
         f"warps={warps}": replace(
             default, num_warps=warps, chunk=default.chunk * warps // default.num_warps
         ),
         f"maxnreg={TOPK_MAX_REGISTERS}": replace(default, max_registers=TOPK_MAX_REGISTERS),
     }
-    for suffix, config in variants.items():
+    for suffix, config in configs.items():
         label = f"top-k {k} P={default.programs_per_row} {suffix}"
 
         def run_variant(out: torch.Tensor, config: Any = config) -> None:

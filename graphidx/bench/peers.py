@@ -1,6 +1,11 @@
 """What a Hopper user would assemble instead of graphidx, timed the same way (`--peers`).
 
-The V3.2 decode layer from the peers: DeepGEMM's `get_paged_mqa_logits_metadata` +
+Kernels (`graphidx bench --peers`): DeepGEMM's `fp8_paged_mqa_logits` and `fp8_mqa_logits`
+and FlashInfer's `top_k` on the graphidx cases' workloads, each peer's output checked (logits
+against float64 over its own FP8 inputs, within `FP8_LOGIT_BOUND` of the row's largest;
+top-k picks against torch.topk), timed like every case; `format_peer_ratios` prints
+graphidx / peer. The step (`graphidx bench --step --peers`):
+the V3.2 decode layer from the peers: DeepGEMM's `get_paged_mqa_logits_metadata` +
 `fp8_paged_mqa_logits` over an FP8 paged cache (e4m3 keys, one fp32 scale per key, 132 B per
 key at D = 128) and FlashInfer's `top_k_ragged_transform` (top-2048), captured in one CUDA
 graph; its step copies the context lengths in from pinned host memory and replays. Used only
@@ -18,6 +23,7 @@ import torch
 
 from graphidx.bench.step import STEP_BATCHES, median_ms
 from graphidx.config import cdiv
+from graphidx.ops.backend import FP8_LOGIT_BOUND
 
 HEAD_DIM = 128
 PEER_BLOCK = 64
@@ -113,3 +119,194 @@ def _peer_batch(
         graph.replay()
 
     return median_ms(step, False), median_ms(graph.replay, True)
+
+
+# ---------------------------------------------------------------------------------------
+# Kernel peers: each graphidx logits / top-k case beside the peer kernel of the same work.
+# ---------------------------------------------------------------------------------------
+
+PEER_ENTRY_BYTES = HEAD_DIM + 4
+"""An FP8 key of DeepGEMM's caches: D e4m3 bytes and one fp32 scale."""
+
+
+def _fp8_keys(count: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 keys `[count, D]`, fp32 scale per key) of Gaussian keys."""
+    keys = torch.randn(count, HEAD_DIM, device=device)
+    scale = keys.abs().amax(dim=1, keepdim=True).clamp(min=1e-4) / 448.0
+    return (keys / scale).to(torch.float8_e4m3fn), scale.squeeze(1).contiguous()
+
+
+def _float64_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`sum_h w[r, h] relu(q[r, h] . k)` in float64: q `[R, H, D]`, keys `[T, D]` -> `[R, T]`."""
+    scores = torch.einsum("rhd,td->rht", q.double(), keys.double()).relu_()
+    return torch.einsum("rh,rht->rt", weights.double(), scores)
+
+
+def _peer_check(got: torch.Tensor, want: torch.Tensor) -> str:
+    """The peer's logits on its visible columns against float64, relative to the row's
+    largest |logit| (the figure the fp8 precision is held to)."""
+    scale = want.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
+    err = float(((got.double() - want).abs() / scale).max())
+    return "OK" if err <= FP8_LOGIT_BOUND else f"FAIL: error {err:.3g} of the row max"
+
+
+def deepgemm_decode_case(
+    name: str, num_heads: int, next_n: int, seqs: int, context: int, ceilings: Any
+) -> Any:
+    """DeepGEMM's `fp8_paged_mqa_logits` (its metadata built once, outside the timing) over
+    `seqs` requests of `context` keys, next_n rows each, block 64."""
+    import deep_gemm
+
+    from graphidx.bench.roofline import CaseResult, floor_us
+    from graphidx.bench.timing import time_case
+
+    device = torch.device("cuda")
+    pages = cdiv(context, PEER_BLOCK)
+    table = torch.randperm(seqs * pages, device=device).to(torch.int32).view(seqs, pages)
+    keys, scales = _fp8_keys(seqs * pages * PEER_BLOCK, device)
+    cache = torch.empty(seqs * pages, PEER_BLOCK * PEER_ENTRY_BYTES, dtype=torch.uint8,
+                        device=device)  # fmt: skip
+    cache[:, : PEER_BLOCK * HEAD_DIM] = keys.view(torch.uint8).view(seqs * pages, -1)
+    cache[:, PEER_BLOCK * HEAD_DIM :] = scales.view(seqs * pages, -1).view(torch.uint8)
+    cache = cache.view(seqs * pages, PEER_BLOCK, 1, PEER_ENTRY_BYTES)
+    q = torch.randn(seqs, next_n, num_heads, HEAD_DIM, device=device).to(torch.float8_e4m3fn)
+    weights = torch.rand(seqs * next_n, num_heads, device=device)
+    lens = torch.full((seqs,), context, dtype=torch.int32, device=device)
+    schedule = deep_gemm.get_paged_mqa_logits_metadata(lens, PEER_BLOCK, deep_gemm.get_num_sms())
+    width = pages * PEER_BLOCK
+
+    def run() -> torch.Tensor:
+        return deep_gemm.fp8_paged_mqa_logits(
+            q, cache, weights, lens, table, schedule, width, False
+        )
+
+    logits = run()
+    torch.cuda.synchronize()
+    # Seq 0 against float64 over its keys in page order; row j sees keys < context - next_n + j + 1.
+    order = table[0].long()
+    seq_keys = (keys.float() * scales.unsqueeze(1)).view(seqs * pages, PEER_BLOCK, HEAD_DIM)
+    seq_keys = seq_keys[order].reshape(-1, HEAD_DIM)[:context]
+    want = _float64_scores(q[0].float(), seq_keys, weights[:next_n])
+    visible = context - next_n + 1
+    check = _peer_check(logits[:next_n, :visible], want[:, :visible])
+    elapsed, timing = time_case(run)
+    keys_read = seqs * context
+    bytes_moved = float(keys_read * PEER_ENTRY_BYTES + seqs * next_n * context * 4)
+    flops = 2.0 * seqs * next_n * context * num_heads * HEAD_DIM
+    shape = f"H{num_heads} next_n {next_n}, {seqs} seqs, {keys_read} keys, FP8 132 B/key"
+    floor = floor_us(bytes_moved, flops, ceilings)
+    return CaseResult(name, shape, elapsed, bytes_moved, flops, floor, check, timing,
+                      reference=True)  # fmt: skip
+
+
+def deepgemm_prefill_case(num_heads: int, rows: int, context: int, ceilings: Any) -> Any:
+    """DeepGEMM's `fp8_mqa_logits` over a contiguous K (a paged cache would first be
+    gathered), the chunk's rows causal: row r sees keys [0, context - rows + r + 1)."""
+    import deep_gemm
+
+    from graphidx.bench.roofline import CaseResult, floor_us
+    from graphidx.bench.timing import time_case
+
+    device = torch.device("cuda")
+    keys, scales = _fp8_keys(context, device)
+    q = torch.randn(rows, num_heads, HEAD_DIM, device=device).to(torch.float8_e4m3fn)
+    weights = torch.rand(rows, num_heads, device=device)
+    starts = torch.zeros(rows, dtype=torch.int32, device=device)
+    ends = torch.arange(context - rows + 1, context + 1, dtype=torch.int32, device=device)
+
+    def run() -> torch.Tensor:
+        return deep_gemm.fp8_mqa_logits(q, (keys, scales), weights, starts, ends, False)
+
+    logits = run()
+    torch.cuda.synchronize()
+    sample = slice(rows - 8, rows)
+    want = _float64_scores(q[sample].float(), keys.float() * scales.unsqueeze(1), weights[sample])
+    visible = context - 7  # the sample's first row sees this many keys
+    check = _peer_check(logits[sample, :visible], want[:, :visible])
+    elapsed, timing = time_case(run)
+    scored = int((ends - starts).sum())
+    bytes_moved = float(context * PEER_ENTRY_BYTES + scored * 4)
+    flops = 2.0 * scored * num_heads * HEAD_DIM
+    shape = f"H{num_heads}, {rows} rows x {context} keys (causal), FP8, contiguous K"
+    floor = floor_us(bytes_moved, flops, ceilings)
+    return CaseResult("DeepGEMM prefill", shape, elapsed, bytes_moved, flops, floor, check,
+                      timing, reference=True)  # fmt: skip
+
+
+def flashinfer_topk_case(rows: int, width: int, k: int, ceilings: Any) -> Any:
+    """FlashInfer's `top_k` (its default algorithm, as under a graph with
+    FLASHINFER_TOPK_ALGO=default) on the top-k case's rows, picks checked."""
+    import flashinfer.topk as flashinfer_topk
+
+    from graphidx.bench.checks import check_topk_picks
+    from graphidx.bench.roofline import CaseResult, floor_us
+    from graphidx.bench.timing import time_case
+
+    os.environ.setdefault("FLASHINFER_TOPK_ALGO", "default")
+    device = torch.device("cuda")
+    logits = torch.randn(rows, width, device=device)
+    want = torch.topk(logits, k, dim=1).values.sort(dim=1).values
+
+    def run() -> torch.Tensor:
+        return flashinfer_topk.top_k(logits, k)[1]
+
+    picks = run()
+    torch.cuda.synchronize()
+    check = check_topk_picks(logits, picks.to(torch.int32), want)
+    elapsed, timing = time_case(run)
+    bytes_moved = float(rows * width * 4 + rows * k * 4)
+    return CaseResult(f"FlashInfer top-k {k}", f"{rows} rows x {width} cols, k {k}", elapsed,
+                      bytes_moved, 0.0, floor_us(bytes_moved, 0.0, ceilings), check, timing,
+                      reference=True)  # fmt: skip
+
+
+PEER_PAIRS = (
+    ("dense decode", "H64", "DeepGEMM decode H64"),
+    ("dense decode", "H32", "DeepGEMM decode H32"),
+    ("prefill chunk", "H64", "DeepGEMM prefill"),
+    ("top-k 512", "k 512", "FlashInfer top-k 512"),
+    ("top-k 2048", "k 2048", "FlashInfer top-k 2048"),
+)
+"""(graphidx case name, a word of its shape, peer case name) of the ratio table."""
+
+
+def peer_kernel_cases(ceilings: Any, device: torch.device) -> list[Any]:
+    """The graphidx cases that have a peer (exact and fp8), then the peers' cases."""
+    from graphidx.bench.cases import dense_decode_case, prefill_case, topk_cases
+
+    ours = []
+    for precision in ("exact", "fp8"):
+        ours += [
+            dense_decode_case("dense decode", 64, 2, [16384] * 64, 64, ceilings, device,
+                              use_schedule=True, precision=precision),
+            dense_decode_case("dense decode", 32, 2, [65536] * 64, 128, ceilings, device,
+                              use_schedule=True, precision=precision),
+            prefill_case(64, 4096, 32768, ceilings, device, precision=precision),
+        ]  # fmt: skip
+    for k in (512, 2048):
+        ours += topk_cases(128, 65536, k, ceilings, device, variants=False)
+    peers = [
+        deepgemm_decode_case("DeepGEMM decode H64", 64, 2, 64, 16384, ceilings),
+        deepgemm_decode_case("DeepGEMM decode H32", 32, 2, 64, 65536, ceilings),
+        deepgemm_prefill_case(64, 4096, 32768, ceilings),
+        flashinfer_topk_case(128, 65536, 512, ceilings),
+        flashinfer_topk_case(128, 65536, 2048, ceilings),
+    ]
+    return ours + peers
+
+
+def format_peer_ratios(results: list[Any]) -> str:
+    """graphidx time / peer time for each pair of PEER_PAIRS found in `results` (replay
+    times; the exact and fp8 rows of a logits case each get a line)."""
+    lines = [f"{'workload':<28} {'graphidx us':>11} {'peer us':>9} {'graphidx / peer':>15}"]
+    for name, word, peer_name in PEER_PAIRS:
+        peer = next((r for r in results if r.name == peer_name), None)
+        if peer is None or peer.time_us <= 0:
+            continue
+        for ours in (r for r in results if r.name == name and word in r.shape and not r.variant):
+            label = f"{name} {word}" + (" fp8" if ours.shape.endswith("fp8") else "")
+            lines.append(
+                f"{label:<28} {ours.time_us:11.1f} {peer.time_us:9.1f} "
+                f"{ours.time_us / peer.time_us:15.2f}"
+            )
+    return "\n".join(lines)

@@ -2,6 +2,8 @@
 
     graphidx bench [--quick] [--out DIR]        every case; kernels.json + roofline.png in DIR
     graphidx bench --replot KERNELS_JSON [--out DIR]   redraw DIR/roofline.png, no GPU needed
+    graphidx bench --peers [--out DIR]          the cases that have a peer, beside DeepGEMM's
+        and FlashInfer's kernels (importable), and the ratios; kernels.json in DIR
     graphidx bench --step [--peers] [--quick] [--out DIR]   the decode step per layer kind
         (launches, bare graph, replayed step); --peers adds DeepGEMM + FlashInfer's V3.2
         layer; step.json in DIR
@@ -24,8 +26,6 @@ def run_bench(args: argparse.Namespace) -> int:
     """The command: `args.replot` (a kernels.json path or None), `args.out`, `args.quick`,
     `args.step`, `args.peers`."""
     out = check_output_folder("--out", args.out)
-    if args.peers and not args.step:
-        raise ValueError("--peers goes with --step (the step table is where peers are timed)")
     if args.replot:
         from graphidx.bench.report import plot_roofline, read_outputs
 
@@ -46,8 +46,12 @@ def run_bench(args: argparse.Namespace) -> int:
         raise ValueError(
             "the kernel benchmarks need a CUDA/ROCm GPU (--replot redraws a saved run without one)"
         )
+    if args.peers:
+        _require_peers()
     if args.step:
         return _run_step(out, quick=bool(args.quick), peers=bool(args.peers))
+    if args.peers:
+        return _run_kernel_peers(out)
     from graphidx.bench.suite import run
 
     results = run(out, quick=bool(args.quick))
@@ -59,14 +63,9 @@ def _run_step(out: Path, *, quick: bool, peers: bool) -> int:
     import dataclasses
     import json
 
-    from graphidx.bench.peers import peer_v32_step, peers_available
+    from graphidx.bench.peers import peer_v32_step
     from graphidx.bench.step import STEP_BATCHES, STEP_CONTEXTS, format_step, measure_step
 
-    if peers and len(peers_available()) < 2:
-        raise ValueError(
-            f"--peers needs deep_gemm and flashinfer importable, found {peers_available()} "
-            "(../shared/peers/README.md says how to build them)"
-        )
     contexts = STEP_CONTEXTS[:1] if quick else STEP_CONTEXTS
     batches = STEP_BATCHES[:2] if quick else STEP_BATCHES
     rows = []
@@ -89,3 +88,29 @@ def _run_step(out: Path, *, quick: bool, peers: bool) -> int:
     (out / "step.json").write_text(json.dumps(payload, indent=1))
     print(f"wrote {out / 'step.json'}")
     return 0
+
+
+def _require_peers() -> None:
+    from graphidx.bench.peers import peers_available
+
+    if len(peers_available()) < 2:
+        raise ValueError(
+            f"--peers needs deep_gemm and flashinfer importable, found {peers_available()} "
+            "(../shared/peers/README.md says how to build them)"
+        )
+
+
+def _run_kernel_peers(out: Path) -> int:
+    """The cases that have a peer and the peers' kernels; the table, the ratios, JSON."""
+    from graphidx.bench.peers import format_peer_ratios, peer_kernel_cases
+    from graphidx.bench.report import format_table, write_outputs
+    from graphidx.bench.roofline import measure_ceilings
+
+    device = torch.device("cuda")
+    ceilings = measure_ceilings(device)
+    torch.manual_seed(0)
+    results = peer_kernel_cases(ceilings, device)
+    print(format_table(results))
+    print(format_peer_ratios(results))
+    write_outputs(results, ceilings, out, {"peers": True})
+    return 1 if any(r.check.startswith("FAIL") for r in results) else 0

@@ -242,9 +242,17 @@ def test_kernel_span_of_a_replay_sits_under_its_replay_time() -> None:
     assert 256e6 / 10e12 * 1e6 < span < replay  # faster than 10 TB/s is impossible
 
 
-def test_bench_peers_needs_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_peers_need_the_peer_libraries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    import graphidx.bench.peers as peers
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(peers, "peers_available", lambda: ["flashinfer"])
     assert main(["bench", "--peers", "--out", str(tmp_path / "out")]) == 2
-    assert _one_error_line(capsys).startswith("--peers goes with --step")
+    assert _one_error_line(capsys).startswith("--peers needs deep_gemm and flashinfer")
 
 
 def test_bench_step_without_a_gpu_is_one_line_and_exit_2(
@@ -272,3 +280,19 @@ def test_step_presets_and_table() -> None:
     table = format_step(rows, {(8192, 1): (0.03, 0.02)}).splitlines()
     assert "0.030" in table[1] and "dense 4, step 1" in table[1]
     assert "0.030" not in table[2] and table[2].rstrip().endswith("-")
+
+
+def test_peer_ratio_table_pairs_each_case_with_its_peer() -> None:
+    from graphidx.bench.peers import format_peer_ratios
+    from graphidx.bench.roofline import CaseResult
+
+    rows = [
+        CaseResult("dense decode", "H64 next_n 2, 64 seqs, 1 keys, exact", 70.0, 1, 1, 1, "OK"),
+        CaseResult("dense decode", "H64 next_n 2, 64 seqs, 1 keys, fp8", 77.0, 1, 1, 1, "OK"),
+        CaseResult("DeepGEMM decode H64", "H64 ...", 35.0, 1, 1, 1, "OK", reference=True),
+        CaseResult("top-k 512", "128 rows x 65536 cols, k 512", 24.0, 1, 0, 1, "OK"),
+    ]
+    table = format_peer_ratios(rows).splitlines()
+    assert len(table) == 3  # no FlashInfer row: its top-k has no peer line
+    assert table[1].split()[-1] == "2.00" and table[2].split()[-1] == "2.20"
+    assert "fp8" in table[2] and "fp8" not in table[1]
