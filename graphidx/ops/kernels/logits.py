@@ -41,7 +41,6 @@ import triton.language as tl
 
 from graphidx.config import cdiv
 from graphidx.mxfp4 import cache_layout
-from graphidx.ops import schedule_format as fmt
 from graphidx.ops.kernels import (
     OPERANDS_BF16X2,
     OPERANDS_FP32,
@@ -69,6 +68,15 @@ from graphidx.ops.kernels.mxfp4_tl import (
     tile_split,
 )
 from graphidx.ops.kernels.ptx import store_b32
+from graphidx.ops.kernels.schedule import (
+    COMPLETE,
+    GROUP_COUNT,
+    GROUP_ROWS,
+    ITEM_COUNT,
+    ITEM_GROUP,
+    ITEM_KEY_END,
+    ITEM_KEY_START,
+)
 from graphidx.ops.schedule_format import SCHEDULE_HEADER_INTS, SCHEDULE_ITEM_INTS, SPLIT_ALIGNMENT
 
 GROUP_FIXED = 0  # next_n rows (or one row) per seq
@@ -84,14 +92,6 @@ PREFILL_SPLIT_KEYS = 4096
 CLEAN_BLOCK = 1024
 ITEM_ALIGNMENT = tl.constexpr(SPLIT_ALIGNMENT)
 """graphidx.ops.schedule.SPLIT_ALIGNMENT for the kernels: every item starts on a multiple."""
-SLOT_ITEM_COUNT = tl.constexpr(fmt.ITEM_COUNT)
-SLOT_GROUP_COUNT = tl.constexpr(fmt.GROUP_COUNT)
-SLOT_GROUP_ROWS = tl.constexpr(fmt.GROUP_ROWS)
-SLOT_COMPLETE = tl.constexpr(fmt.COMPLETE)
-SLOT_GROUP = tl.constexpr(fmt.ITEM_GROUP)
-SLOT_KEY_START = tl.constexpr(fmt.ITEM_KEY_START)
-SLOT_KEY_END = tl.constexpr(fmt.ITEM_KEY_END)
-"""The schedule's header and item slots (graphidx.ops.schedule_format) for the kernels."""
 
 _PER_STEP_ARGS = ["ctx_ptr", "row_ends_ptr", "qsl_ptr", "rows", "num_seqs", "width"]
 """Arguments that change from step to step (metadata views start anywhere in their buffers,
@@ -800,27 +800,27 @@ def _logits_scheduled_kernel(
     incomplete is not trusted: the programs then walk the static (group, split) grid
     instead, slower for skewed steps but exact.
     """
-    count = tl.load(schedule_ptr + SLOT_ITEM_COUNT)
-    header_groups = tl.load(schedule_ptr + SLOT_GROUP_COUNT)
-    header_next_n = tl.load(schedule_ptr + SLOT_GROUP_ROWS)
-    complete = tl.load(schedule_ptr + SLOT_COMPLETE)
+    count = tl.load(schedule_ptr + ITEM_COUNT)
+    header_groups = tl.load(schedule_ptr + GROUP_COUNT)
+    header_next_n = tl.load(schedule_ptr + GROUP_ROWS)
+    complete = tl.load(schedule_ptr + COMPLETE)
     trusted = (complete == 1) & (header_groups == num_seqs) & (header_next_n == ROWS_PER_SEQ)
     num_items = tl.where(trusted, count, num_seqs * static_splits)
     ROW_BLOCKS: tl.constexpr = (ROWS_PER_SEQ + BLOCK_R - 1) // BLOCK_R
     for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
         item_ptr = schedule_ptr + HEADER + item * ITEM
         seq = tl.where(
-            trusted, tl.load(item_ptr + SLOT_GROUP, mask=trusted, other=0), item // static_splits
+            trusted, tl.load(item_ptr + ITEM_GROUP, mask=trusted, other=0), item // static_splits
         )
         fallback_start = (item % static_splits) * SPLIT
         key_start = tl.where(
-            trusted, tl.load(item_ptr + SLOT_KEY_START, mask=trusted, other=0), fallback_start
+            trusted, tl.load(item_ptr + ITEM_KEY_START, mask=trusted, other=0), fallback_start
         )
         # Items start on a multiple of SPLIT_ALIGNMENT >= 0 (`build_decode_schedule`); kept so
         # whatever the buffer holds, which also lets the compiler use unsigned tile math.
         key_start = tl.maximum(key_start, 0) // ITEM_ALIGNMENT * ITEM_ALIGNMENT
         key_stop = tl.where(
-            trusted, tl.load(item_ptr + SLOT_KEY_END, mask=trusted, other=0), fallback_start + SPLIT
+            trusted, tl.load(item_ptr + ITEM_KEY_END, mask=trusted, other=0), fallback_start + SPLIT
         )
         for row_block in tl.static_range(ROW_BLOCKS):
             _score_group(

@@ -22,7 +22,8 @@ import triton.language as tl
 
 from graphidx.ops import schedule_format as fmt
 
-# Module globals a jit function reads must be constexprs.
+# Module globals a jit function reads must be constexprs: the schedule format's slots, for
+# this builder and for the logits kernels that read the schedule.
 ITEM_COUNT = tl.constexpr(fmt.ITEM_COUNT)
 GROUP_COUNT = tl.constexpr(fmt.GROUP_COUNT)
 GROUP_ROWS = tl.constexpr(fmt.GROUP_ROWS)
