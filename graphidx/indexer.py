@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from graphidx.config import IndexerConfig
-from graphidx.metadata import IndexerMetadata
+from graphidx.metadata import IndexerMetadata, PrefillChunk, PrefillPlan
 from graphidx.ops import (
     apply_candidate_mask,
     gather_mqa_logits,
@@ -85,6 +85,72 @@ def _fill_unwritten_rows(
         topk_indices[start:num_tokens].fill_(-1)
 
 
+def _decode_logits(
+    metadata: IndexerMetadata,
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    weights: torch.Tensor,
+    kv_cache: torch.Tensor,
+    logits: torch.Tensor,
+    config: IndexerConfig,
+    backend: str | None,
+    block_scores: torch.Tensor | None = None,
+) -> None:
+    """The decode rows' dense logits into `logits` (and their block scores, when given):
+    one launch, native next_n grouping or flattened rows, with the decode schedule."""
+    decode = metadata.decode
+    assert decode is not None
+    rows = decode.num_rows
+    paged_mqa_logits(
+        q[:rows],
+        q_scale[:rows],
+        kv_cache,
+        weights[:rows],
+        row_ends=decode.row_lens,
+        out=logits,
+        schedule=decode.schedule,
+        block_scores=block_scores,
+        candidate_block_size=config.candidate_block_size if block_scores is not None else 0,
+        page_entries=config.page_entries,
+        precision=config.precision,
+        backend=backend,
+        **_decode_grouping(metadata),  # type: ignore[arg-type]
+    )
+
+
+def _chunk_logits(
+    chunk: PrefillChunk,
+    plan: PrefillPlan,
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    weights: torch.Tensor,
+    kv_cache: torch.Tensor,
+    logits: torch.Tensor,
+    config: IndexerConfig,
+    backend: str | None,
+    block_scores: torch.Tensor | None = None,
+) -> None:
+    """One planned prefill chunk's dense logits (chunk-local query_start_loc grouping) into
+    `logits`, and its block scores when given."""
+    start, end = chunk.token_start, chunk.token_end
+    paged_mqa_logits(
+        q[start:end],
+        q_scale[start:end],
+        kv_cache,
+        weights[start:end],
+        plan.context_lens,
+        chunk.block_table,
+        plan.row_ends,
+        logits,
+        query_start_loc=plan.query_start_loc,
+        block_scores=block_scores,
+        candidate_block_size=config.candidate_block_size if block_scores is not None else 0,
+        page_entries=config.page_entries,
+        precision=config.precision,
+        backend=backend,
+    )
+
+
 def _decode_grouping(metadata: IndexerMetadata) -> dict[str, object]:
     """Keyword arguments of the decode rows' grouping: requests by device row offsets, native
     next_n sequences, or flat rows."""
@@ -134,7 +200,6 @@ def dense_indexer(
     _check_layer_inputs(metadata, q, q_scale, weights, topk_indices, workspace, config)
     if candidate_source and not config.has_candidates:
         raise ValueError("candidate_source=True needs candidate_block_size > 0 in the config")
-    size = config.candidate_block_size
     k = config.topk_tokens
     decode = metadata.decode
     decode_rows = decode.num_rows if decode is not None else 0
@@ -147,21 +212,8 @@ def dense_indexer(
         block_scores = None
         if candidate_source:
             block_scores = workspace.block_scores_view(rows, logits.shape[1])
-        paged_mqa_logits(
-            q[:rows],
-            q_scale[:rows],
-            kv_cache,
-            weights[:rows],
-            row_ends=decode.row_lens,
-            out=logits,
-            schedule=decode.schedule,
-            block_scores=block_scores,
-            candidate_block_size=size if candidate_source else 0,
-            page_entries=config.page_entries,
-            precision=config.precision,
-            backend=backend,
-            **_decode_grouping(metadata),  # type: ignore[arg-type]
-        )
+        _decode_logits(metadata, q, q_scale, weights, kv_cache, logits, config, backend,
+                       block_scores)  # fmt: skip
         topk_per_row(logits, decode.row_lens, k, topk_indices[:rows], backend=backend)
         if block_scores is not None:
             _pick_candidate_blocks(
@@ -175,22 +227,8 @@ def dense_indexer(
         block_scores = None
         if candidate_source:
             block_scores = workspace.block_scores_view(rows, plan.width)
-        paged_mqa_logits(
-            q[start:end],
-            q_scale[start:end],
-            kv_cache,
-            weights[start:end],
-            plan.context_lens,
-            chunk.block_table,
-            plan.row_ends,
-            logits,
-            query_start_loc=plan.query_start_loc,
-            block_scores=block_scores,
-            candidate_block_size=size if candidate_source else 0,
-            page_entries=config.page_entries,
-            precision=config.precision,
-            backend=backend,
-        )
+        _chunk_logits(chunk, plan, q, q_scale, weights, kv_cache, logits, config, backend,
+                      block_scores)  # fmt: skip
         topk_per_row(logits, plan.row_ends, k, topk_indices[start:end], backend=backend)
         if block_scores is not None:
             _pick_candidate_blocks(
@@ -284,19 +322,7 @@ def candidate_consumer(
             remap_compact_topk(compact_topk, positions, size, topk_indices[:rows], backend=backend)
         else:
             logits = workspace.decode_logits_view(rows, decode.width)
-            paged_mqa_logits(
-                q[:rows],
-                q_scale[:rows],
-                kv_cache,
-                weights[:rows],
-                row_ends=decode.row_lens,
-                out=logits,
-                schedule=decode.schedule,
-                page_entries=config.page_entries,
-                precision=config.precision,
-                backend=backend,
-                **_decode_grouping(metadata),  # type: ignore[arg-type]
-            )
+            _decode_logits(metadata, q, q_scale, weights, kv_cache, logits, config, backend)
             apply_candidate_mask(logits, positions, size, backend=backend)
             topk_per_row(logits, decode.row_lens, k, topk_indices[:rows], backend=backend)
 
@@ -306,20 +332,7 @@ def candidate_consumer(
         start, end = chunk.token_start, chunk.token_end
         _, positions, _ = workspace.pool(start, end)
         logits = workspace.prefill_logits_view(end - start, plan.width)
-        paged_mqa_logits(
-            q[start:end],
-            q_scale[start:end],
-            kv_cache,
-            weights[start:end],
-            plan.context_lens,
-            chunk.block_table,
-            plan.row_ends,
-            logits,
-            query_start_loc=plan.query_start_loc,
-            page_entries=config.page_entries,
-            precision=config.precision,
-            backend=backend,
-        )
+        _chunk_logits(chunk, plan, q, q_scale, weights, kv_cache, logits, config, backend)
         apply_candidate_mask(logits, positions, size, backend=backend)
         topk_per_row(logits, plan.row_ends, k, topk_indices[start:end], backend=backend)
 
