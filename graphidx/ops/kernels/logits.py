@@ -240,28 +240,9 @@ def _score_group(
     group,
     key_start,
     key_stop,
-    q_ptr,
-    q_scale_ptr,
-    kv_ptr,
-    w_ptr,
-    ctx_ptr,
-    bt_ptr,
-    row_ends_ptr,
-    out_ptr,
-    bs_ptr,
-    qsl_ptr,
-    q_row_stride,
-    q_head_stride,
-    qs_row_stride,
-    qs_head_stride,
-    page_stride,
-    w_row_stride,
-    bt_row_stride,
-    out_row_stride,
-    bs_row_stride,
-    rows,
-    num_seqs,
-    width,
+    ptrs,
+    strides,
+    sizes,
     H: tl.constexpr,
     HP: tl.constexpr,
     D: tl.constexpr,
@@ -282,7 +263,16 @@ def _score_group(
     HALVES: tl.constexpr,
     FP8: tl.constexpr,
 ):
-    """Score keys [key_start, key_stop) of row group `group` (see the module docstring)."""
+    """Score keys [key_start, key_stop) of row group `group` (see the module docstring).
+
+    ptrs, strides and sizes: the kernel's pointer, stride and size arguments, as tuples in
+    the order of `_logits_static_kernel`'s signature."""
+    q_ptr, q_scale_ptr, kv_ptr, w_ptr, ctx_ptr, bt_ptr, row_ends_ptr, out_ptr, bs_ptr, qsl_ptr = (
+        ptrs
+    )
+    q_row_stride, q_head_stride, qs_row_stride, qs_head_stride, page_stride = strides[:5]
+    w_row_stride, bt_row_stride, out_row_stride, bs_row_stride = strides[5:]
+    rows, num_seqs, width = sizes
     if GROUPING == 1:
         aligned_blocks = tl.cdiv(rows, BLOCK_R)
         if group < aligned_blocks:
@@ -698,52 +688,15 @@ def _logits_static_kernel(
 ):
     """Grid (groups, key splits): program (g, i) scores keys [i * SPLIT, (i + 1) * SPLIT)."""
     key_start = tl.program_id(1) * SPLIT
+    ptrs = (q_ptr, q_scale_ptr, kv_ptr, w_ptr, ctx_ptr, bt_ptr, row_ends_ptr, out_ptr, bs_ptr,
+            qsl_ptr)  # fmt: skip
+    strides = (q_row_stride, q_head_stride, qs_row_stride, qs_head_stride, page_stride,
+               w_row_stride, bt_row_stride, out_row_stride, bs_row_stride)  # fmt: skip
     _score_group(
-        tl.program_id(0),
-        key_start,
-        key_start + SPLIT,
-        q_ptr,
-        q_scale_ptr,
-        kv_ptr,
-        w_ptr,
-        ctx_ptr,
-        bt_ptr,
-        row_ends_ptr,
-        out_ptr,
-        bs_ptr,
-        qsl_ptr,
-        q_row_stride,
-        q_head_stride,
-        qs_row_stride,
-        qs_head_stride,
-        page_stride,
-        w_row_stride,
-        bt_row_stride,
-        out_row_stride,
-        bs_row_stride,
-        rows,
-        num_seqs,
-        width,
-        H,
-        HP,
-        D,
-        SUB,
-        RUN,
-        E,
-        NPT,
-        LANES,
-        GROUPING,
-        ROWS_PER_SEQ,
-        BLOCK_R,
-        BLOCK_N,
-        HAS_BLOCK_SCORES,
-        C,
-        OPERANDS,
-        MMA_ROWS,
-        PREFETCH,
-        HALVES,
-        FP8,
-    )
+        tl.program_id(0), key_start, key_start + SPLIT, ptrs, strides, (rows, num_seqs, width),
+        H, HP, D, SUB, RUN, E, NPT, LANES, GROUPING, ROWS_PER_SEQ, BLOCK_R, BLOCK_N,
+        HAS_BLOCK_SCORES, C, OPERANDS, MMA_ROWS, PREFETCH, HALVES, FP8,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=[a for a in _PER_STEP_ARGS if a != "qsl_ptr"])
@@ -807,6 +760,11 @@ def _logits_scheduled_kernel(
     trusted = (complete == 1) & (header_groups == num_seqs) & (header_next_n == ROWS_PER_SEQ)
     num_items = tl.where(trusted, count, num_seqs * static_splits)
     ROW_BLOCKS: tl.constexpr = (ROWS_PER_SEQ + BLOCK_R - 1) // BLOCK_R
+    # No query_start_loc in decode: ctx_ptr stands in for it (never read).
+    ptrs = (q_ptr, q_scale_ptr, kv_ptr, w_ptr, ctx_ptr, bt_ptr, row_ends_ptr, out_ptr, bs_ptr,
+            ctx_ptr)  # fmt: skip
+    strides = (q_row_stride, q_head_stride, qs_row_stride, qs_head_stride, page_stride,
+               w_row_stride, bt_row_stride, out_row_stride, bs_row_stride)  # fmt: skip
     for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
         item_ptr = schedule_ptr + HEADER + item * ITEM
         seq = tl.where(
@@ -824,51 +782,10 @@ def _logits_scheduled_kernel(
         )
         for row_block in tl.static_range(ROW_BLOCKS):
             _score_group(
-                seq * ROW_BLOCKS + row_block,
-                key_start,
-                key_stop,
-                q_ptr,
-                q_scale_ptr,
-                kv_ptr,
-                w_ptr,
-                ctx_ptr,
-                bt_ptr,
-                row_ends_ptr,
-                out_ptr,
-                bs_ptr,
-                ctx_ptr,
-                q_row_stride,
-                q_head_stride,
-                qs_row_stride,
-                qs_head_stride,
-                page_stride,
-                w_row_stride,
-                bt_row_stride,
-                out_row_stride,
-                bs_row_stride,
-                rows,
-                num_seqs,
-                width,
-                H,
-                HP,
-                D,
-                SUB,
-                RUN,
-                E,
-                NPT,
-                LANES,
-                0,
-                ROWS_PER_SEQ,
-                BLOCK_R,
-                BLOCK_N,
-                HAS_BLOCK_SCORES,
-                C,
-                OPERANDS,
-                MMA_ROWS,
-                PREFETCH,
-                HALVES,
-                FP8,
-            )
+                seq * ROW_BLOCKS + row_block, key_start, key_stop, ptrs, strides,
+                (rows, num_seqs, width), H, HP, D, SUB, RUN, E, NPT, LANES, 0, ROWS_PER_SEQ,
+                BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, MMA_ROWS, PREFETCH, HALVES, FP8,
+            )  # fmt: skip
 
 
 @triton.jit
