@@ -187,6 +187,7 @@ class IndexerGraphRunner:
         self.counters = RunnerCounters()
         self._uniform: dict[StepShape, CapturedDecode] = {}
         self._padded: dict[int, StepShape | None] = {}
+        self._offset_ramp: np.ndarray | None = None  # 0, next_n, 2 next_n, ... (`_uniform_offsets`)
         self._views: dict[int, tuple[LayerInput, ...]] = {}
         self._warned_above_largest = False
         self._decode_layers = self._compiled_layers(compile_layers, compile_backend, graph_backend)
@@ -464,7 +465,7 @@ class IndexerGraphRunner:
         tokens = int(offsets[live])
         if live == 0 or tokens != live * next_n:
             return None, "not a uniform decode step"
-        if live > 1 and bool((np.diff(offsets[: live + 1]) != next_n).any()):
+        if live > 1 and not self._uniform_offsets(offsets, live):
             return None, "not a uniform decode step"
         if tokens not in self._padded:
             self._padded[tokens] = self.capture_sizes.pad(tokens)
@@ -484,6 +485,16 @@ class IndexerGraphRunner:
                 return StepShape(tokens, live, next_n), "above the largest capture size"
             return None, "above the largest capture size"
         return shape, None
+
+    def _uniform_offsets(self, offsets: np.ndarray, live: int) -> bool:
+        """Whether offsets[:live + 1] is 0, next_n, 2 next_n, ...: a byte comparison with a
+        cached ramp of the offsets' dtype (a tenth of the time of a diff on the host)."""
+        ramp = self._offset_ramp
+        if ramp is None or ramp.dtype != offsets.dtype or ramp.shape[0] <= live:
+            size = max(live + 1, self.config.max_num_seqs + 1)
+            ramp = np.arange(size, dtype=offsets.dtype) * self.config.next_n
+            self._offset_ramp = ramp
+        return offsets[: live + 1].tobytes() == ramp[: live + 1].tobytes()
 
     def _check_batch(self, batch: StepBatch) -> None:
         """O(1) checks: the caller's batch must have been validated against this runner's
