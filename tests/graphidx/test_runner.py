@@ -425,3 +425,21 @@ def test_harness_runs_both_precisions_where_the_device_can() -> None:
     )
     with pytest.raises(ValueError, match="precision must be one of"):
         harness_precisions("bf16", cpu)
+
+
+def test_uniform_offsets_check_matches_the_diff_rule() -> None:
+    """The host's uniform-step test (a byte comparison with a cached ramp) agrees with
+    'every request has next_n rows', whatever the offsets' dtype and length."""
+    import numpy as np
+
+    runner, _ = _setup()
+    n = CONFIG.next_n
+    for dtype in (np.int32, np.int64):
+        uniform = np.arange(0, 6 * n, n, dtype=dtype)
+        assert runner._uniform_offsets(uniform, 5)
+        ragged = uniform.copy()
+        ragged[3] += 1
+        assert not runner._uniform_offsets(ragged, 5)
+        assert runner._uniform_offsets(ragged, 2)  # only the first `live` requests count
+        long = np.arange(0, 80 * n, n, dtype=dtype)  # more requests than the cached ramp
+        assert runner._uniform_offsets(long, 79)
