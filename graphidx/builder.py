@@ -174,6 +174,11 @@ class IndexerMetadataBuilder:
         from graphidx.mxfp4.layout import cache_layout
 
         config = self.config
+        if config.dcp_world_size > 1:
+            raise ValueError(
+                f"dcp_world_size = {config.dcp_world_size}: context parallel is not wired into "
+                "the builders, layers and runner yet (graphidx.distributed has the pieces)"
+            )
         try:
             return cache_layout(config.num_heads, config.head_dim, config.page_entries)
         except ValueError as error:

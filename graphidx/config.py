@@ -33,6 +33,9 @@ class IndexerConfig:
     `candidate_block_size` (C) of 0 means no candidate blocks (single-level indexer).
     `precision` is the logits ops' mode ("exact", "fp8" or None for the device's default;
     docs/contract.md section 5.8); whether the device can run it is checked by the ops.
+    `dcp_world_size`, `dcp_rank`, `dcp_interleave`: decode context parallel (section 10): rank
+    `dcp_rank` of `dcp_world_size` holds the positions p with (p // S) % W == rank, S =
+    `dcp_interleave` (0: the candidate block size, or 1 without candidates).
     """
 
     num_heads: int
@@ -50,6 +53,9 @@ class IndexerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     precision: str | None = None
+    dcp_world_size: int = 1
+    dcp_rank: int = 0
+    dcp_interleave: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -62,11 +68,18 @@ class IndexerConfig:
             "max_logits_bytes",
             "max_num_seqs",
             "max_num_batched_tokens",
+            "dcp_world_size",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("num_speculative_tokens", "candidate_block_size", "candidate_topk_blocks"):
+        for name in (
+            "num_speculative_tokens",
+            "candidate_block_size",
+            "candidate_topk_blocks",
+            "dcp_rank",
+            "dcp_interleave",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
@@ -90,10 +103,30 @@ class IndexerConfig:
                 "candidate_block_size and candidate_topk_blocks must be both set or both 0, "
                 f"got {self.candidate_block_size} and {self.candidate_topk_blocks}"
             )
+        self._check_context_parallel()
         if self.precision is not None and self.precision not in ("exact", "fp8"):
             raise ValueError(f"precision must be 'exact', 'fp8' or None, got {self.precision!r}")
         if self.sparse_logits:
             self._check_sparse_logits()
+
+    def _check_context_parallel(self) -> None:
+        """The rank inside the world; the interleave a multiple of the candidate block size
+        (a candidate block lives on one rank)."""
+        if self.dcp_rank >= self.dcp_world_size:
+            raise ValueError(
+                f"dcp_rank must be < dcp_world_size = {self.dcp_world_size}, got {self.dcp_rank}"
+            )
+        c = self.candidate_block_size
+        if self.dcp_interleave and c and self.dcp_interleave % c:
+            raise ValueError(
+                f"dcp_interleave = {self.dcp_interleave} must be a multiple of "
+                f"candidate_block_size = {c} (a candidate block must live on one rank)"
+            )
+
+    @property
+    def dcp_interleave_size(self) -> int:
+        """The interleave S in use: dcp_interleave, or by default C (1 without candidates)."""
+        return self.dcp_interleave or max(1, self.candidate_block_size)
 
     def _check_sparse_logits(self) -> None:
         """The candidate pool the consumers of a two-level indexer read: a block size

@@ -22,7 +22,8 @@ rank. NaN scores are not valid input (as in section 5.2).
 
 Everything on tensors is torch ops with no host sync (graph-capturable); sizes come from
 shapes and the host-side `ContextParallel`. Positions must stay below 2**31.
-Not built yet: the wiring into the config, builders, layers and runner (issue 30).
+`IndexerConfig`'s dcp fields describe the sharding (`ContextParallel.from_config`); the
+builders, layers and runner refuse dcp_world_size > 1 until they are wired to it.
 """
 
 from __future__ import annotations
@@ -79,6 +80,14 @@ class ContextParallel:
             raise ValueError(
                 f"rank must satisfy 0 <= rank < world_size = {self.world_size}, got {self.rank}"
             )
+
+    @classmethod
+    def from_config(cls, config: IndexerConfig) -> ContextParallel:
+        """This rank's view from the config's dcp fields, checked against the config
+        (`check`)."""
+        cp = cls(config.dcp_world_size, config.dcp_rank, config.dcp_interleave_size)
+        cp.check(config)
+        return cp
 
     @property
     def span(self) -> int:

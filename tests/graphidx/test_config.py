@@ -80,6 +80,13 @@ def test_presets() -> None:
         ({"candidate_topk_blocks": 4}, r"both set or both 0, got 0 and 4"),
         ({"sparse_logits": True}, r"sparse_logits=True needs candidate_block_size > 0"),
         ({"precision": "bf16"}, r"precision must be 'exact', 'fp8' or None, got 'bf16'"),
+        ({"dcp_world_size": 0}, r"dcp_world_size must be a positive integer, got 0"),
+        ({"dcp_world_size": 2, "dcp_rank": 2}, r"dcp_rank must be < dcp_world_size = 2, got 2"),
+        ({"dcp_rank": -1}, r"dcp_rank must be a non-negative integer, got -1"),
+        (
+            {"candidate_block_size": 8, "candidate_topk_blocks": 4, "dcp_interleave": 12},
+            r"dcp_interleave = 12 must be a multiple of candidate_block_size = 8",
+        ),
     ],
 )
 def test_validation(changes: dict[str, object], message: str) -> None:

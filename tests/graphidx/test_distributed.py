@@ -372,3 +372,20 @@ def test_exchange_and_merge_across_gloo_ranks(tmp_path: Path, world_size: int) -
         assert torch.equal(first, _single_rank_answer(seed, k)), name
         for other in answers[1:]:
             assert torch.equal(other[name], first), name
+
+
+def test_context_parallel_from_the_config_and_refused_by_the_builders() -> None:
+    """The config's dcp fields give each rank's `ContextParallel` (interleave defaulting to
+    C); the builders refuse W > 1 until the layers are wired to it."""
+    from graphidx.builder import IndexerMetadataBuilder
+    from graphidx.config import IndexerConfig
+    from graphidx.distributed import ContextParallel
+
+    config = IndexerConfig.cpu_demo(dcp_world_size=4, dcp_rank=3)
+    cp = ContextParallel.from_config(config)
+    assert (cp.world_size, cp.rank, cp.interleave) == (4, 3, max(1, config.candidate_block_size))
+    assert ContextParallel.from_config(config.replace(dcp_interleave=64)).interleave == 64
+    single = ContextParallel.from_config(IndexerConfig.cpu_demo())
+    assert (single.world_size, single.rank) == (1, 0)
+    with pytest.raises(ValueError, match="context parallel is not wired"):
+        IndexerMetadataBuilder(config, "cpu")
