@@ -188,9 +188,12 @@ def measure_kind(
     k: int = 2048,
     seed: int = 0,
 ) -> PrecisionResult:
-    """One data kind at `seqs` rows (one per seq, next_n 1) of `keys` keys each."""
+    """One data kind at `seqs` rows (one per seq, next_n 1) of `keys` keys each (a positive
+    multiple of PAGE_ENTRIES: whole pages)."""
     from graphidx.ops import paged_mqa_logits
 
+    if keys <= 0 or keys % PAGE_ENTRIES:
+        raise ValueError(f"keys must be a positive multiple of {PAGE_ENTRIES}, got {keys}")
     gen = torch.Generator(device=device).manual_seed(seed)
     (k_values, k_scales), (q_values, q_scales) = _keys_and_queries(
         kind, seqs * keys, seqs * num_heads, gen, device

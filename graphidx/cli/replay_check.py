@@ -2,7 +2,8 @@
 
 Cases rotate over small runners that between them cover R in {1, 2, 4}, dense and two-level
 (candidate) stacks, next_n 2 and 3, and adaptive verification, each in the precisions asked
-for (both by default: `exact`, and `fp8` where the device runs it); each runner captures its
+for (both by default: `exact`, and `fp8` where the runners' backend has fp8 kernels: on a
+GPU); each runner captures its
 decode ladder first, then `check_replay` runs every case eager-unpadded, eager-padded and
 through the normal replay path. Prints `N cases, M mismatches` last.
 """
@@ -38,20 +39,24 @@ PRECISION_CHOICES = ("exact", "fp8", "both")
 
 
 def harness_precisions(choice: str, device: torch.device) -> tuple[str, ...]:
-    """The precisions `--precision` asks for on `device`: `both` drops fp8 where the device's
-    default backend cannot run it (saying nothing: exact is what runs there); an explicit
-    `fp8` there raises ValueError."""
+    """The precisions `--precision` asks for on `device`: `both` is exact and fp8 where the
+    runners' backend (the device's default) runs fp8 kernels, else exact alone (the
+    reference computes fp8 exactly: fp8 runners would repeat the exact ones); an explicit
+    `fp8` the device cannot run raises ValueError."""
     if choice not in PRECISION_CHOICES:
         raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {choice!r}")
     if choice == "exact":
         return ("exact",)
+    backend = default_backend(device)
     try:
-        resolve_precision("fp8", default_backend(device), device)
+        resolve_precision("fp8", backend, device)
     except ValueError:
         if choice == "fp8":
             raise
         return ("exact",)
-    return ("fp8",) if choice == "fp8" else ("exact", "fp8")
+    if choice == "fp8":
+        return ("fp8",)
+    return ("exact", "fp8") if backend == "triton" else ("exact",)
 
 
 def harness_shapes(

@@ -99,7 +99,7 @@ def test_fp8_operand_holds_every_row_it_claims(spread: int) -> None:
     scales[:, 0] = low[:, 0]
     scales[:, 1] = low[:, 0] + spread  # the spread is reached on every row
     words[:4, 2] = 0  # an all-zero block whose scale is far off: it must not count
-    scales[:4, 2] = torch.tensor([0, 254, 0, 254])
+    scales[:4, 2] = torch.tensor([0, 252, 0, 252])
     words[4, :] = 0  # a row of zeros
     scales[5, 3] = 255  # NaN scale: the largest, or too far from the others
     scales[6] = 255
@@ -113,19 +113,21 @@ def test_fp8_operand_holds_every_row_it_claims(spread: int) -> None:
     tile, factor, held = (t.cpu() for t in args[2:])
     values = tile.view(torch.float8_e4m3fn).double() * factor.double().unsqueeze(1)
     want = _expected_rows(words, scales)
-    nonzero_spread = []
+    expected_held = []
     for r in range(rows):
         counted = [
             int(scales[r, t])
             for t in range(4)
             if bool((words[r, t] & 0x77777777).any()) or int(scales[r, t]) == 255
         ]
-        nonzero_spread.append(max(counted) - min(counted) if counted else 0)
+        spread = max(counted) - min(counted) if counted else 0
+        # Above scale byte 252 the exact decode overflows: such rows are not held.
+        expected_held.append(spread <= SPREAD and max(counted, default=0) <= 252)
     for r in range(rows):
         if r in (5, 6):
             assert math.isnan(float(factor[r])) or not bool(held[r]), r
             continue
-        assert bool(held[r]) == (nonzero_spread[r] <= SPREAD), r
+        assert bool(held[r]) == expected_held[r], r
         if bool(held[r]):
             torch.testing.assert_close(values[r], want[r], rtol=0, atol=0)
 
@@ -273,3 +275,26 @@ def test_resolve_precision() -> None:
         resolve_precision("fp8", "aiter", cpu)
     if INTERPRETED:
         assert resolve_precision("fp8", "triton", cpu) == "fp8"
+
+
+@pytest.mark.parametrize(("scale", "weight"), [(127, 2.0**105), (254, 1.0), (253, 1.0)])
+def test_dense_fp8_extremes_match_exact(gen: torch.Generator, scale: int, weight: float) -> None:
+    """Every code 6 at 64 heads: a huge weight whose factored value the fp8 sum could not
+    hold takes the exact path (finite, as exact); keys of +6 and -6 at scale bytes 253 /
+    254, whose exact decode overflows float32 to +-inf (NaN scores), take it too."""
+    heads, dim, entries = 64, 128, 32
+    rows, _, extra = grouping("next_n", [2, 2])
+    cache = make_cache(gen, [32, 32], num_heads=heads, head_dim=dim, page_entries=entries)
+    codes = entries * dim // 2
+    for page in cache.block_table[:, 0].tolist():
+        cache.kv_cache[page, :codes] = 0x77 if scale == 127 else 0xF7  # +6 (and -6)
+        cache.kv_cache[page, codes : codes + entries * dim // 32] = scale
+    q = torch.full((rows, heads, dim // 2), 0x77, dtype=torch.uint8)
+    q_scale = torch.full((rows, heads, dim // 32), 127, dtype=torch.uint8)
+    weights = torch.full((rows, heads), weight)
+    row_ends = torch.full((rows,), 32, dtype=torch.int32)
+    want = _dense("exact", "reference", cache, (q, q_scale, weights), row_ends, 32, extra)
+    got = _dense("fp8", "triton", cache, (q, q_scale, weights), row_ends, 32, extra)
+    if scale == 127:
+        assert bool(want.isfinite().all())
+    _assert_fp8_match(got, want)

@@ -44,10 +44,15 @@ FP8_FACTOR_SHIFT = tl.constexpr(2.0**-6)
 """`2**(B - 133)` is `e8m0_factor(B) * FP8_FACTOR_SHIFT`, exact in float32 for B in [0, 254]."""
 
 
-FP8_WEIGHT_RANGE = tl.constexpr((2.0**-100, 2.0**100))
+FP8_WEIGHT_RANGE = tl.constexpr((2.0**-100, 2.0**90))
 """Magnitudes of a head's weight times its e4m3 factor that the fp8 path takes (besides 0,
 inf and NaN, which it handles as the exact path does): inside it a row's weighted sum of
-ReLU'd e4m3 scores neither overflows nor loses bits to float32 subnormals."""
+ReLU'd e4m3 scores (each at most 384**2 * D, 2**31.2 over 256 heads at D = 256) neither
+overflows nor loses bits to float32 subnormals."""
+LARGEST_HELD_SCALE = tl.constexpr(252)
+"""Above it (253, 254) the exact decode of a large code overflows float32 to inf; such rows
+take the exact path, so the fp8 mode gives the same inf / NaN (255, NaN, is held: its factor
+is NaN)."""
 
 
 @triton.jit
@@ -141,8 +146,9 @@ def fp8_operand(words, scales, PTX: tl.constexpr):
     words int32 `[M, SUB, W, 4]` and scales int32 `[M, SUB, 1, 4]` (kernel order, one scale
     per run) -> (e4m3 `[M, D]` in the fp8 kernel order, float32 factor `[M]` with row value
     = operand row * factor, bool `[M]` whether the operand holds the row exactly: its
-    nonzero blocks' exponents spread at most FP8_EXPONENT_SPREAD, and a NaN scale (0xFF) is
-    either the largest, making the factor NaN, or makes the row not held).
+    nonzero blocks' exponents spread at most FP8_EXPONENT_SPREAD, the largest is at most
+    LARGEST_HELD_SCALE, and a NaN scale (0xFF) is either the largest, making the factor NaN,
+    or makes the row not held).
     """
     rows: tl.constexpr = words.shape[0]
     sub: tl.constexpr = words.shape[1]
@@ -151,7 +157,7 @@ def fp8_operand(words, scales, PTX: tl.constexpr):
     counted = (tl.max(words & MAGNITUDES, axis=2, keep_dims=True) != 0) | (scales == 255)
     top = tl.max(tl.reshape(tl.where(counted, scales, 0), [rows, sub * 4]), axis=1)
     low = tl.min(tl.reshape(tl.where(counted, scales, 255), [rows, sub * 4]), axis=1)
-    exact = low >= top - FP8_EXPONENT_SPREAD
+    exact = (low >= top - FP8_EXPONENT_SPREAD) & ((top <= LARGEST_HELD_SCALE) | (top == 255))
     shift = scales - top[:, None, None, None] + (FP8_EXPONENT_SPREAD + 1)
     table_low, table_high = fp8_tables(tl.minimum(tl.maximum(shift, 1), FP8_EXPONENT_SPREAD + 1))
     first, second = fp8_code_words(words, table_low, table_high, PTX)
