@@ -178,22 +178,42 @@ def _setup_grouping(
     return rows, ranges, contexts
 
 
+def _grouped_step(
+    gen: torch.Generator,
+    group: str,
+    sizes: list[int] | None,
+    next_n: int,
+    num_heads: int,
+    ends: tuple[int, int],
+    *,
+    head_dim: int = 64,
+    page_entries: int = 32,
+) -> tuple[int, list[range], list[int], PagedKeys, Queries, torch.Tensor]:
+    """(rows, ranges, contexts, cache, queries, row_ends) of one grouping: each row's end
+    drawn from [low, context + extra) with (low, extra) = `ends`."""
+    rows, ranges, contexts = _setup_grouping(gen, group, sizes, next_n)
+    cache = make_paged_keys(
+        gen, contexts, num_heads=num_heads, head_dim=head_dim, page_entries=page_entries
+    )
+    queries = make_queries(gen, rows, num_heads, head_dim)
+    row_ends = torch.empty(rows, dtype=torch.int32)
+    low, extra = ends
+    for s, rng in enumerate(ranges):
+        for r in rng:
+            row_ends[r] = int(torch.randint(low, contexts[s] + extra, (1,), generator=gen))
+    return rows, ranges, contexts, cache, queries, row_ends
+
+
 @pytest.mark.parametrize(("group", "sizes", "next_n"), GROUPINGS)
 @pytest.mark.parametrize("clean", [False, True])
 def test_dense_logits_each_grouping(
     gen: torch.Generator, group: str, sizes: list[int] | None, next_n: int, clean: bool
 ) -> None:
     num_heads, head_dim, page_entries, width = 4, 64, 32, 120
-    rows, ranges, contexts = _setup_grouping(gen, group, sizes, next_n)
-    cache = make_paged_keys(
-        gen, contexts, num_heads=num_heads, head_dim=head_dim, page_entries=page_entries
-    )
-    queries = make_queries(gen, rows, num_heads, head_dim)
     # Row ends: some past the context (context clamp), some negative, some past the width.
-    row_ends = torch.empty(rows, dtype=torch.int32)
-    for s, rng in enumerate(ranges):
-        for r in rng:
-            row_ends[r] = int(torch.randint(-3, contexts[s] + 10, (1,), generator=gen))
+    rows, ranges, contexts, cache, queries, row_ends = _grouped_step(
+        gen, group, sizes, next_n, num_heads, (-3, 10), head_dim=head_dim, page_entries=page_entries
+    )
     if rows:
         row_ends[ranges[0][0]] = 10**6
     out = torch.full((rows, width + 3), NAN)[:, :width]  # row stride != width
@@ -239,15 +259,9 @@ def test_dense_block_scores(
     gen: torch.Generator, group: str, sizes: list[int] | None, next_n: int, clean: bool
 ) -> None:
     num_heads, head_dim, page_entries, width, size = 2, 64, 32, 100, 8
-    rows, ranges, contexts = _setup_grouping(gen, group, sizes, next_n)
-    cache = make_paged_keys(
-        gen, contexts, num_heads=num_heads, head_dim=head_dim, page_entries=page_entries
+    rows, ranges, contexts, cache, queries, row_ends = _grouped_step(
+        gen, group, sizes, next_n, num_heads, (-1, 4), head_dim=head_dim, page_entries=page_entries
     )
-    queries = make_queries(gen, rows, num_heads, head_dim)
-    row_ends = torch.empty(rows, dtype=torch.int32)
-    for s, rng in enumerate(ranges):
-        for r in rng:
-            row_ends[r] = int(torch.randint(-1, contexts[s] + 4, (1,), generator=gen))
     row_ends[0] = 0  # a row with no key: no block written, no pin
     num_blocks = cdiv(width, size) + 2  # wider than needed: spare columns like empty blocks
     out = torch.full((rows, width), NAN)
@@ -475,15 +489,9 @@ def test_gather_logits_match_dense_and_float64(
     gen: torch.Generator, group: str, sizes: list[int] | None, next_n: int, clean: bool
 ) -> None:
     num_heads, head_dim, page_entries, size, pool_blocks = 4, 64, 32, 8, 5
-    rows, ranges, contexts = _setup_grouping(gen, group, sizes, next_n)
-    cache = make_paged_keys(
-        gen, contexts, num_heads=num_heads, head_dim=head_dim, page_entries=page_entries
+    rows, ranges, _, cache, queries, row_ends = _grouped_step(
+        gen, group, sizes, next_n, num_heads, (0, 1), head_dim=head_dim, page_entries=page_entries
     )
-    queries = make_queries(gen, rows, num_heads, head_dim)
-    row_ends = torch.empty(rows, dtype=torch.int32)
-    for s, rng in enumerate(ranges):
-        for r in rng:
-            row_ends[r] = int(torch.randint(0, contexts[s] + 1, (1,), generator=gen))
     block_ids = random_block_ids(gen, rows, pool_blocks, max_id=cdiv(150, size))
     positions = torch.full((rows, pool_blocks), SENTINEL, dtype=torch.int32)
     live_cols = torch.full((rows,), SENTINEL, dtype=torch.int32)
