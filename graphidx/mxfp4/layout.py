@@ -123,6 +123,13 @@ def cache_layout(num_heads: int, head_dim: int, page_entries: int) -> CacheLayou
     _require_positive_int("num_heads", num_heads)
     _require_positive_int("head_dim", head_dim)
     _require_positive_int("page_entries", page_entries)
+    return _cached_layout(num_heads, head_dim, page_entries)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_layout(num_heads: int, head_dim: int, page_entries: int) -> CacheLayout:
+    """`cache_layout` of checked ints, made once per shape (every op call asks for it; the
+    layout is frozen, so sharing it is safe; a bad shape raises and is not cached)."""
     n_per_tile = 16 if (num_heads < 32 and head_dim > 64) else 32
     return CacheLayout(
         n_per_tile=n_per_tile,

@@ -44,19 +44,35 @@ def check_tensor(
         raise ValueError(f"{name} must be {rank}-D, got shape {tuple(tensor.shape)}")
     if device is not None and tensor.device != device:
         raise ValueError(f"{name} is on {tensor.device}, expected {device} (the device of q)")
-    if shape is not None:
-        for axis, (got, want) in enumerate(zip(tensor.shape, shape, strict=True)):
-            if want is not None and got != want:
-                expected = tuple("*" if w is None else w for w in shape)
-                raise ValueError(
-                    f"{name} must have shape {expected}, got {tuple(tensor.shape)} "
-                    f"(dim {axis} is {got}, expected {want})"
-                )
+    if shape is not None and not _shape_matches(tensor.shape, shape):
+        _raise_shape(name, tensor.shape, shape)
     if tensor.dim() > 0 and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
         raise ValueError(
             f"{name} must be contiguous in its last dim, got strides {tensor.stride()}"
         )
     return tensor
+
+
+def _shape_matches(got: torch.Size, want: tuple[int | None, ...]) -> bool:
+    """Every known dim of `want` equals `got`'s (and the ranks agree): the hot path of every
+    op wrapper, kept to one plain loop."""
+    if len(got) != len(want):
+        return False
+    for size, expected in zip(got, want, strict=True):
+        if expected is not None and size != expected:
+            return False
+    return True
+
+
+def _raise_shape(name: str, got: torch.Size, want: tuple[int | None, ...]) -> None:
+    expected = tuple("*" if w is None else w for w in want)
+    for axis, (size, dim) in enumerate(zip(got, want, strict=False)):
+        if dim is not None and size != dim:
+            raise ValueError(
+                f"{name} must have shape {expected}, got {tuple(got)} "
+                f"(dim {axis} is {size}, expected {dim})"
+            )
+    raise ValueError(f"{name} must have shape {expected}, got {tuple(got)}")
 
 
 def check_int(name: str, value: object, *, minimum: int) -> int:
