@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--precision",
         choices=("exact", "fp8", "both"),
         default="both",
-        help="logits precision of the runners (both: fp8 too where the device runs it)",
+        help="logits precision of the runners (both: fp8 runners too where fp8 kernels run, "
+        "i.e. on a GPU)",
     )
     check.set_defaults(func=cmd_replay_check)
 
@@ -112,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--peers",
         action="store_true",
-        help="with --step: DeepGEMM + FlashInfer's V3.2 layer beside it (must be importable)",
+        help="DeepGEMM's and FlashInfer's kernels beside the cases that have a peer, and the "
+        "ratios; with --step, their V3.2 layer beside the step (both must be importable)",
     )
     bench.set_defaults(func=cmd_bench)
     return parser
