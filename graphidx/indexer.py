@@ -85,42 +85,31 @@ def _fill_unwritten_rows(
         topk_indices[start:num_tokens].fill_(-1)
 
 
-def _decode_logits(
-    metadata: IndexerMetadata,
-    q: torch.Tensor,
-    q_scale: torch.Tensor,
-    weights: torch.Tensor,
-    kv_cache: torch.Tensor,
-    logits: torch.Tensor,
-    config: IndexerConfig,
-    backend: str | None,
-    block_scores: torch.Tensor | None = None,
-) -> None:
-    """The decode rows' dense logits into `logits` (and their block scores, when given):
-    one launch, native next_n grouping or flattened rows, with the decode schedule."""
+Placement = tuple[slice, dict[str, object]]
+"""The query rows of one dense launch and its grouping keyword arguments."""
+
+
+def _decode_placement(metadata: IndexerMetadata) -> Placement:
+    """The decode rows' dense launch: native next_n grouping, device row offsets or flat
+    rows, with the decode schedule."""
     decode = metadata.decode
     assert decode is not None
-    rows = decode.num_rows
-    paged_mqa_logits(
-        q[:rows],
-        q_scale[:rows],
-        kv_cache,
-        weights[:rows],
-        row_ends=decode.row_lens,
-        out=logits,
-        schedule=decode.schedule,
-        block_scores=block_scores,
-        candidate_block_size=config.candidate_block_size if block_scores is not None else 0,
-        page_entries=config.page_entries,
-        precision=config.precision,
-        backend=backend,
-        **_decode_grouping(metadata),  # type: ignore[arg-type]
-    )
+    where = {"row_ends": decode.row_lens, "schedule": decode.schedule}
+    return slice(0, decode.num_rows), {**where, **_decode_grouping(metadata)}
 
 
-def _chunk_logits(
-    chunk: PrefillChunk,
-    plan: PrefillPlan,
+def _chunk_placement(chunk: PrefillChunk, plan: PrefillPlan) -> Placement:
+    """One planned prefill chunk's dense launch (chunk-local query_start_loc grouping)."""
+    return slice(chunk.token_start, chunk.token_end), {
+        "context_lens": plan.context_lens,
+        "block_table": chunk.block_table,
+        "row_ends": plan.row_ends,
+        "query_start_loc": plan.query_start_loc,
+    }
+
+
+def _dense_logits(
+    placement: Placement,
     q: torch.Tensor,
     q_scale: torch.Tensor,
     weights: torch.Tensor,
@@ -130,24 +119,21 @@ def _chunk_logits(
     backend: str | None,
     block_scores: torch.Tensor | None = None,
 ) -> None:
-    """One planned prefill chunk's dense logits (chunk-local query_start_loc grouping) into
-    `logits`, and its block scores when given."""
-    start, end = chunk.token_start, chunk.token_end
+    """One dense logits launch of a layer into `logits` (and block scores, when given) at
+    the config's precision."""
+    rows, where = placement
     paged_mqa_logits(
-        q[start:end],
-        q_scale[start:end],
+        q[rows],
+        q_scale[rows],
         kv_cache,
-        weights[start:end],
-        plan.context_lens,
-        chunk.block_table,
-        plan.row_ends,
-        logits,
-        query_start_loc=plan.query_start_loc,
+        weights[rows],
+        out=logits,
         block_scores=block_scores,
         candidate_block_size=config.candidate_block_size if block_scores is not None else 0,
         page_entries=config.page_entries,
         precision=config.precision,
         backend=backend,
+        **where,  # type: ignore[arg-type]
     )
 
 
@@ -212,8 +198,8 @@ def dense_indexer(
         block_scores = None
         if candidate_source:
             block_scores = workspace.block_scores_view(rows, logits.shape[1])
-        _decode_logits(metadata, q, q_scale, weights, kv_cache, logits, config, backend,
-                       block_scores)  # fmt: skip
+        _dense_logits(_decode_placement(metadata), q, q_scale, weights, kv_cache, logits,
+                      config, backend, block_scores)  # fmt: skip
         topk_per_row(logits, decode.row_lens, k, topk_indices[:rows], backend=backend)
         if block_scores is not None:
             _pick_candidate_blocks(
@@ -227,8 +213,8 @@ def dense_indexer(
         block_scores = None
         if candidate_source:
             block_scores = workspace.block_scores_view(rows, plan.width)
-        _chunk_logits(chunk, plan, q, q_scale, weights, kv_cache, logits, config, backend,
-                      block_scores)  # fmt: skip
+        _dense_logits(_chunk_placement(chunk, plan), q, q_scale, weights, kv_cache, logits,
+                      config, backend, block_scores)  # fmt: skip
         topk_per_row(logits, plan.row_ends, k, topk_indices[start:end], backend=backend)
         if block_scores is not None:
             _pick_candidate_blocks(
@@ -322,7 +308,9 @@ def candidate_consumer(
             remap_compact_topk(compact_topk, positions, size, topk_indices[:rows], backend=backend)
         else:
             logits = workspace.decode_logits_view(rows, decode.width)
-            _decode_logits(metadata, q, q_scale, weights, kv_cache, logits, config, backend)
+            _dense_logits(
+                _decode_placement(metadata), q, q_scale, weights, kv_cache, logits, config, backend
+            )
             apply_candidate_mask(logits, positions, size, backend=backend)
             topk_per_row(logits, decode.row_lens, k, topk_indices[:rows], backend=backend)
 
@@ -332,7 +320,9 @@ def candidate_consumer(
         start, end = chunk.token_start, chunk.token_end
         _, positions, _ = workspace.pool(start, end)
         logits = workspace.prefill_logits_view(end - start, plan.width)
-        _chunk_logits(chunk, plan, q, q_scale, weights, kv_cache, logits, config, backend)
+        _dense_logits(
+            _chunk_placement(chunk, plan), q, q_scale, weights, kv_cache, logits, config, backend
+        )
         apply_candidate_mask(logits, positions, size, backend=backend)
         topk_per_row(logits, plan.row_ends, k, topk_indices[start:end], backend=backend)
 
