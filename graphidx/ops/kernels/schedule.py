@@ -82,6 +82,25 @@ def _group_spans(
 
 
 @triton.jit
+def _sum_over_groups(lens_ptr, derived, num_groups, split, STORE: tl.constexpr,
+                     KEYS: tl.constexpr, DERIVE: tl.constexpr, ROWS: tl.constexpr,
+                     ROWS_PAD: tl.constexpr, NEXT_N: tl.constexpr, R: tl.constexpr,
+                     C: tl.constexpr, BLOCK_G: tl.constexpr):  # fmt: skip
+    """int64 sum over the groups of their spans (KEYS) or of their item counts at `split`
+    keys per item (max(1, cdiv(span, split))); STORE as in `_group_spans`."""
+    total = tl.zeros([], tl.int64)
+    for first in range(0, num_groups, BLOCK_G):
+        group = first + tl.arange(0, BLOCK_G)
+        ok = group < num_groups
+        span = _group_spans(
+            lens_ptr, derived, group, ok, STORE, DERIVE, ROWS, ROWS_PAD, NEXT_N, R, C
+        )
+        value = span if KEYS else tl.maximum(tl.cdiv(span, split), 1)
+        total += tl.sum(tl.where(ok, value, 0).to(tl.int64), axis=0)
+    return total
+
+
+@triton.jit
 def _build_schedule_kernel(
     lens_ptr,
     schedule_ptr,
@@ -101,32 +120,21 @@ def _build_schedule_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
-    # Pass 1 (which also stores the derived values): items at SPLIT keys, or with ADAPT the
-    # keys of all groups, for the item size that spreads them over about target_items.
-    total = tl.zeros([], tl.int64)
-    for first in range(0, num_groups, BLOCK_G):
-        group = first + tl.arange(0, BLOCK_G)
-        ok = group < num_groups
-        span = _group_spans(
-            lens_ptr, derived, group, ok, DERIVE, DERIVE, ROWS, ROWS_PAD, NEXT_N, R, C
-        )
-        if ADAPT:
-            total += tl.sum(tl.where(ok, span, 0).to(tl.int64), axis=0)
-        else:
-            total += tl.sum(tl.where(ok, tl.maximum(tl.cdiv(span, SPLIT), 1), 0).to(tl.int64), 0)
+    # Pass 1 (which also stores the derived values): the items at SPLIT keys, or with ADAPT
+    # the keys of all groups, for the item size that spreads them over about target_items,
+    # and then the items at that size.
     split = tl.zeros([], tl.int32) + SPLIT
+    group_args = (lens_ptr, derived, num_groups)
     if ADAPT:
-        per_item = tl.cdiv(tl.cdiv(total, target_items), ALIGNMENT) * ALIGNMENT
+        keys = _sum_over_groups(*group_args, split, DERIVE, True, DERIVE, ROWS, ROWS_PAD,
+                                NEXT_N, R, C, BLOCK_G)  # fmt: skip
+        per_item = tl.cdiv(tl.cdiv(keys, target_items), ALIGNMENT) * ALIGNMENT
         split = tl.minimum(tl.maximum(per_item, ALIGNMENT), SPLIT).to(tl.int32)
-        total = tl.zeros([], tl.int64)
-        for first in range(0, num_groups, BLOCK_G):
-            group = first + tl.arange(0, BLOCK_G)
-            ok = group < num_groups
-            span = _group_spans(
-                lens_ptr, derived, group, ok, False, DERIVE, ROWS, ROWS_PAD, NEXT_N, R, C
-            )
-            items = tl.where(ok, tl.maximum(tl.cdiv(span, split), 1), 0)
-            total += tl.sum(items.to(tl.int64), axis=0)
+        total = _sum_over_groups(*group_args, split, False, False, DERIVE, ROWS, ROWS_PAD,
+                                 NEXT_N, R, C, BLOCK_G)  # fmt: skip
+    else:
+        total = _sum_over_groups(*group_args, split, DERIVE, False, DERIVE, ROWS, ROWS_PAD,
+                                 NEXT_N, R, C, BLOCK_G)  # fmt: skip
     if WRITE_SCHEDULE:
         complete = num_groups <= capacity
         over = total > capacity
