@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,46 +27,14 @@ import torch
 
 from capture import CaptureSizes
 from graphidx.batch import StepBatch
+from graphidx.bench.step import median_ms
+from graphidx.bench.step import preset as step_preset
 from graphidx.cli.replay_check import run_replay_check
 from graphidx.config import IndexerConfig, cdiv
-from graphidx.runner import IndexerGraphRunner, IndexerStack
+from graphidx.runner import IndexerGraphRunner
 from graphidx.testing import random_kv_cache, random_layer_input
 
 BATCHES = (1, 16, 64, 256)
-
-
-def _median_ms(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
-    times = []
-    for _ in range(repeat):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def _event_ms(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeat):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def _preset(name: str, context: int, max_reqs: int) -> tuple[IndexerConfig, IndexerStack]:
-    model_len = max(context, 4096)
-    if name == "v41":
-        config = IndexerConfig.deepseek_v41_flash(max_num_seqs=max_reqs, max_model_len=model_len)
-        return config, IndexerStack(candidate_source=True, consumers=3)
-    config = IndexerConfig.deepseek_v32(
-        max_num_seqs=max_reqs, max_model_len=model_len, num_speculative_tokens=1
-    )
-    return config, IndexerStack(dense=1)
 
 
 def _sorted(topk: torch.Tensor) -> torch.Tensor:
@@ -103,7 +70,7 @@ def bench_step(
     preset: str, context: int, batches: tuple[int, ...], repeat: int, profile: bool = False
 ) -> dict[str, object]:
     device = torch.device("cuda")
-    config, stack = _preset(preset, context, max(batches))
+    config, stack = step_preset(preset, context, max(batches))
     pages_per_req = cdiv(context // config.compress_ratio, config.page_entries)
     num_pages = max(batches) * pages_per_req
     gen = torch.Generator().manual_seed(0)
@@ -180,14 +147,14 @@ def bench_step(
         }
         row: dict[str, object] = {"batch": b, "tokens": tokens, "same": same}
         for key, fn in figures.items():
-            row[key] = _median_ms(fn, repeat if "step" in key else max(3, repeat // 4))
+            row[key] = median_ms(fn, False, repeat if "step" in key else max(3, repeat // 4))
         shape = first.shape
         assert shape is not None
-        row["graph_ms"] = _event_ms(lambda: runner.graphs.replay(shape), repeat)  # noqa: B023
-        row["replay_wall_ms"] = _median_ms(lambda: runner.graphs.replay(shape), repeat)  # noqa: B023
+        row["graph_ms"] = median_ms(lambda: runner.graphs.replay(shape), True, repeat)  # noqa: B023
+        row["replay_wall_ms"] = median_ms(lambda: runner.graphs.replay(shape), False, repeat)  # noqa: B023
         replay = runner.graphs.replay
         runner.graphs.replay = lambda shape: None  # type: ignore[method-assign]
-        row["host_only_ms"] = _median_ms(lambda: runner.step(batch_in_place, views), repeat)  # noqa: B023
+        row["host_only_ms"] = median_ms(lambda: runner.step(batch_in_place, views), False, repeat)  # noqa: B023
         runner.graphs.replay = replay  # type: ignore[method-assign]
         rows.append(row)
         print(
@@ -227,8 +194,8 @@ def bench_eager_topk(repeat: int) -> dict[str, float]:
     with torch.cuda.graph(graph):
         call()
     return {
-        "eager_call_ms": _median_ms(call, repeat),
-        "graph_ms": _event_ms(graph.replay, repeat),
+        "eager_call_ms": median_ms(call, False, repeat),
+        "graph_ms": median_ms(graph.replay, True, repeat),
     }
 
 

@@ -60,12 +60,12 @@ def preset(name: str, context: int, max_reqs: int) -> tuple[IndexerConfig, Index
     raise ValueError(f"unknown step preset {name!r}; known: v32, v41")
 
 
-def median_ms(fn: Callable[[], object], event: bool) -> float:
-    """Median of REPEAT calls of `fn`: between two CUDA events (`event`), else wall time
+def median_ms(fn: Callable[[], object], event: bool, repeat: int = REPEAT) -> float:
+    """Median of `repeat` calls of `fn`: between two CUDA events (`event`), else wall time
     synchronized before and after."""
     times = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(REPEAT):
+    for _ in range(repeat):
         if event:
             start.record()
             fn()
