@@ -171,23 +171,14 @@ def _dense(precision: str, backend: str, cache, queries, row_ends, width, extra)
 
 
 @pytest.mark.parametrize("spread", ["narrow", "wide"])
-@pytest.mark.parametrize(
-    ("kind", "sizes", "heads", "head_dim", "page_entries", "block_size", "clean"), DENSE_CASES
-)
+@pytest.mark.parametrize("case", [case[:5] for case in DENSE_CASES])
 def test_dense_fp8_matches_reference(
-    gen: torch.Generator,
-    kind: str,
-    sizes: list[int],
-    heads: int,
-    head_dim: int,
-    page_entries: int,
-    block_size: int,
-    clean: bool,
-    spread: str,
+    gen: torch.Generator, case: tuple[str, list[int], int, int, int], spread: str
 ) -> None:
     """Narrow: every key and query within the e4m3 spread (the fp8 path throughout); wide:
-    scales 2**-7 .. 2**5, so some tiles and programs take the exact fallback."""
-    del block_size, clean
+    scales 2**-7 .. 2**5, so some tiles and programs take the exact fallback. `case`: the
+    grouping, sizes, heads, head_dim and page_entries of a DENSE_CASES row."""
+    kind, sizes, heads, head_dim, page_entries = case
     rows, num_seqs, extra = grouping(kind, sizes)
     contexts = [int(c) for c in torch.randint(0, 90, (num_seqs,), generator=gen)]
     contexts[0] = 85
