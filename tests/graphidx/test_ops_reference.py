@@ -10,6 +10,7 @@ a 0xFF scale decodes to NaN, so a stray read shows up as NaN in a compared colum
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -116,13 +117,19 @@ def score64(queries: Queries, row: int, keys64: torch.Tensor) -> torch.Tensor:
     return queries.w64[row] @ per_head
 
 
+def query_bounds(sizes: list[int] | None) -> list[int]:
+    """The `query_start_loc` of seqs of `sizes` rows each."""
+    assert sizes is not None
+    bounds = [0]
+    for size in sizes:
+        bounds.append(bounds[-1] + size)
+    return bounds
+
+
 def row_ranges(rows: int, group: str, sizes: list[int] | None, next_n: int) -> list[range]:
     if group == "qsl":
-        assert sizes is not None
-        bounds = [0]
-        for size in sizes:
-            bounds.append(bounds[-1] + size)
-        return [range(bounds[s], bounds[s + 1]) for s in range(len(sizes))]
+        bounds = query_bounds(sizes)
+        return [range(bounds[s], bounds[s + 1]) for s in range(len(bounds) - 1)]
     if group == "next_n":
         return [range(s * next_n, (s + 1) * next_n) for s in range(rows // next_n)]
     return [range(r, r + 1) for r in range(rows)]
@@ -130,11 +137,7 @@ def row_ranges(rows: int, group: str, sizes: list[int] | None, next_n: int) -> l
 
 def grouping_kwargs(group: str, sizes: list[int] | None, next_n: int) -> dict[str, object]:
     if group == "qsl":
-        assert sizes is not None
-        bounds = [0]
-        for size in sizes:
-            bounds.append(bounds[-1] + size)
-        return {"query_start_loc": torch.tensor(bounds, dtype=torch.int32)}
+        return {"query_start_loc": torch.tensor(query_bounds(sizes), dtype=torch.int32)}
     if group == "next_n":
         return {"next_n": next_n}
     return {}
@@ -144,6 +147,52 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
     """fp32 accumulation vs float64: relative to the row's magnitude."""
     scale = want.abs().max().clamp(min=1.0) if want.numel() else 1.0
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-5 * float(scale))
+
+
+def _operands(cache: PagedKeys, queries: Queries) -> tuple[torch.Tensor, ...]:
+    """The leading arguments of both logits ops: queries, scales, cache, weights, lens, table."""
+    return (
+        queries.q,
+        queries.q_scale,
+        cache.kv_cache,
+        queries.weights,
+        cache.context_lens,
+        cache.block_table,
+    )
+
+
+def dense_logits(
+    cache: PagedKeys, queries: Queries, row_ends: torch.Tensor, out: torch.Tensor, **kwargs: Any
+) -> None:
+    """`paged_mqa_logits` of the reference backend: `queries` against `cache`."""
+    paged_mqa_logits(
+        *_operands(cache, queries),
+        row_ends,
+        out,
+        page_entries=cache.page_entries,
+        backend=BACKEND,
+        **kwargs,
+    )
+
+
+def gather_logits(
+    cache: PagedKeys,
+    queries: Queries,
+    positions: torch.Tensor,
+    live_cols: torch.Tensor,
+    compact: torch.Tensor,
+    **kwargs: Any,
+) -> None:
+    """`gather_mqa_logits` of the reference backend: `queries` against `cache`."""
+    gather_mqa_logits(
+        *_operands(cache, queries),
+        positions,
+        live_cols,
+        compact,
+        page_entries=cache.page_entries,
+        backend=BACKEND,
+        **kwargs,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -217,19 +266,13 @@ def test_dense_logits_each_grouping(
     if rows:
         row_ends[ranges[0][0]] = 10**6
     out = torch.full((rows, width + 3), NAN)[:, :width]  # row stride != width
-    paged_mqa_logits(
-        queries.q,
-        queries.q_scale,
-        cache.kv_cache,
-        queries.weights,
-        cache.context_lens,
-        cache.block_table,
+    dense_logits(
+        cache,
+        queries,
         row_ends,
         out,
         clean=clean,
-        page_entries=page_entries,
-        backend=BACKEND,
-        **grouping_kwargs(group, sizes, next_n),  # type: ignore[arg-type]
+        **grouping_kwargs(group, sizes, next_n),
     )
     for s, rng in enumerate(ranges):
         for r in rng:
@@ -266,21 +309,15 @@ def test_dense_block_scores(
     num_blocks = cdiv(width, size) + 2  # wider than needed: spare columns like empty blocks
     out = torch.full((rows, width), NAN)
     block_scores = torch.full((rows, num_blocks), NAN)
-    paged_mqa_logits(
-        queries.q,
-        queries.q_scale,
-        cache.kv_cache,
-        queries.weights,
-        cache.context_lens,
-        cache.block_table,
+    dense_logits(
+        cache,
+        queries,
         row_ends,
         out,
         block_scores=block_scores,
         candidate_block_size=size,
         clean=clean,
-        page_entries=page_entries,
-        backend=BACKEND,
-        **grouping_kwargs(group, sizes, next_n),  # type: ignore[arg-type]
+        **grouping_kwargs(group, sizes, next_n),
     )
     for s, rng in enumerate(ranges):
         for r in rng:
@@ -308,18 +345,12 @@ def test_dense_out_of_cache_page_raises_before_writing(gen: torch.Generator) -> 
     cache.block_table[1, 2] = cache.kv_cache.shape[0]  # used column 2 of seq 1: 64 <= t < 70
     out = torch.full((2, 80), NAN)
     with pytest.raises(ValueError, match="block_table"):
-        paged_mqa_logits(
-            queries.q,
-            queries.q_scale,
-            cache.kv_cache,
-            queries.weights,
-            cache.context_lens,
-            cache.block_table,
+        dense_logits(
+            cache,
+            queries,
             torch.tensor([40, 70], dtype=torch.int32),
             out,
             clean=True,
-            backend=BACKEND,
-            page_entries=32,
         )
     assert torch.all(torch.isnan(out))
     with pytest.raises(ValueError, match=r"block_table\[1, 2\]"):
@@ -499,35 +530,23 @@ def test_gather_logits_match_dense_and_float64(
     compact_width = pool_blocks * size + 3
     compact = torch.full((rows, compact_width), NAN)
     grouping = grouping_kwargs(group, sizes, next_n)
-    gather_mqa_logits(
-        queries.q,
-        queries.q_scale,
-        cache.kv_cache,
-        queries.weights,
-        cache.context_lens,
-        cache.block_table,
+    gather_logits(
+        cache,
+        queries,
         positions,
         live_cols,
         compact,
         candidate_block_size=size,
         clean=clean,
-        page_entries=page_entries,
-        backend=BACKEND,
-        **grouping,  # type: ignore[arg-type]
+        **grouping,
     )
     dense = torch.full((rows, 160), NAN)
-    paged_mqa_logits(
-        queries.q,
-        queries.q_scale,
-        cache.kv_cache,
-        queries.weights,
-        cache.context_lens,
-        cache.block_table,
+    dense_logits(
+        cache,
+        queries,
         row_ends,
         dense,
-        page_entries=page_entries,
-        backend=BACKEND,
-        **grouping,  # type: ignore[arg-type]
+        **grouping,
     )
     for s, rng in enumerate(ranges):
         for r in rng:
@@ -547,19 +566,13 @@ def test_gather_defensive_columns_are_neg_inf(gen: torch.Generator) -> None:
     queries = make_queries(gen, 1, 2, 64)
     positions = torch.tensor([[8, 16, -1, 40]], dtype=torch.int32)
     compact = torch.full((1, 32), NAN)
-    gather_mqa_logits(
-        queries.q,
-        queries.q_scale,
-        cache.kv_cache,
-        queries.weights,
-        cache.context_lens,
-        cache.block_table,
+    gather_logits(
+        cache,
+        queries,
         positions,
         torch.tensor([32], dtype=torch.int32),
         compact,
         candidate_block_size=8,
-        page_entries=32,
-        backend=BACKEND,
     )
     close(compact[0, :12], score64(queries, 0, cache.keys64[0][8:20]))
     assert torch.all(compact[0, 12:] == NEG_INF)
@@ -575,20 +588,14 @@ def test_dense_logits_with_block_scores_trace_under_torch_compile(gen: torch.Gen
     block_scores = torch.full((4, 8), NAN)
 
     def step(out: torch.Tensor, block_scores: torch.Tensor) -> None:
-        paged_mqa_logits(
-            queries.q,
-            queries.q_scale,
-            cache.kv_cache,
-            queries.weights,
-            cache.context_lens,
-            cache.block_table,
+        dense_logits(
+            cache,
+            queries,
             row_ends,
             out,
             next_n=2,
             block_scores=block_scores,
             candidate_block_size=8,
-            page_entries=32,
-            backend=BACKEND,
         )
 
     torch.compile(step, backend="aot_eager", fullgraph=True)(out, block_scores)
