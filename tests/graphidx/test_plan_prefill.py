@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -448,16 +448,31 @@ def _plans(
     )
 
 
+def _seed_chunk(
+    step: Step,
+    rows: tuple[int, int],
+    reqs: tuple[int, int],
+    ks: torch.Tensor,
+    ke: torch.Tensor,
+    request_start: int | None = None,
+) -> PrefillChunk:
+    """A chunk set by hand: step rows `rows` = [start, end), the `reqs` = (first, count)
+    requests' block-table rows, and the given ks / ke."""
+    (start, end), (first, num_reqs) = rows, reqs
+    return PrefillChunk(
+        token_start=start,
+        token_end=end,
+        num_reqs=num_reqs,
+        block_table=step.table[first : first + num_reqs],
+        cu_seqlen_ks=ks,
+        cu_seqlen_ke=ke,
+        request_start=request_start,
+    )
+
+
 def _seed_fields(chunk: PrefillChunk) -> PrefillChunk:
     """The chunk as a runtime following the seed would hand it over: no `request_start`."""
-    return PrefillChunk(
-        token_start=chunk.token_start,
-        token_end=chunk.token_end,
-        num_reqs=chunk.num_reqs,
-        block_table=chunk.block_table,
-        cu_seqlen_ks=chunk.cu_seqlen_ks,
-        cu_seqlen_ke=chunk.cu_seqlen_ke,
-    )
+    return replace(chunk, request_start=None)
 
 
 @pytest.mark.parametrize("persistent", [True, False])
@@ -526,13 +541,8 @@ def test_plan_clamps_offsets_of_requests_outside_the_chunk(gen: torch.Generator)
     # A chunk of seed fields only, over rows 5..8 of request 1 (rows 4..9), listing requests
     # 1 and 2: its first request is found from token_start.
     step = _step([4, 5, 3], [10, 10, 10], 1, gen)
-    chunk = PrefillChunk(
-        token_start=5,
-        token_end=8,
-        num_reqs=2,
-        block_table=step.table[1:],
-        cu_seqlen_ks=torch.zeros(3, dtype=torch.int32),
-        cu_seqlen_ke=torch.ones(3, dtype=torch.int32),
+    chunk = _seed_chunk(
+        step, (5, 8), (1, 2), torch.zeros(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32)
     )
     (plan,) = _plans(step, [chunk], None, 0, None)
     assert plan.first_request == 1
@@ -544,14 +554,8 @@ def test_plan_clamps_offsets_of_requests_outside_the_chunk(gen: torch.Generator)
 def test_plan_first_request_skips_zero_row_requests(gen: torch.Generator) -> None:
     # Requests 1 and 2 have no rows: row 4 is held by request 3.
     step = _step([4, 0, 0, 6], [10, 3, 5, 20], 1, gen)
-    chunk = PrefillChunk(
-        token_start=4,
-        token_end=10,
-        num_reqs=1,
-        block_table=step.table[3:],
-        cu_seqlen_ks=torch.zeros(6, dtype=torch.int32),
-        cu_seqlen_ke=torch.arange(15, 21, dtype=torch.int32),
-    )
+    ke = torch.arange(15, 21, dtype=torch.int32)
+    chunk = _seed_chunk(step, (4, 10), (3, 1), torch.zeros(6, dtype=torch.int32), ke)
     (plan,) = _plans(step, [chunk], None, 0, None)
     assert (plan.first_request, plan.requests, plan.width) == (3, ((0, 6, 0),), 20)
     assert plan.query_start_loc.tolist() == [0, 6]
@@ -565,15 +569,7 @@ def test_plan_errors(gen: torch.Generator) -> None:
     ) -> PrefillChunk:
         rows = torch.zeros(end - start, dtype=torch.int32)
         first = request_start if request_start is not None else 0
-        return PrefillChunk(
-            token_start=start,
-            token_end=end,
-            num_reqs=num_reqs,
-            block_table=step.table[first : first + num_reqs],
-            cu_seqlen_ks=rows,
-            cu_seqlen_ke=rows,
-            request_start=request_start,
-        )
+        return _seed_chunk(step, (start, end), (first, num_reqs), rows, rows, request_start)
 
     with pytest.raises(ValueError, match=r"chunk rows \[4, 10\) fall outside the step's 9 rows"):
         _plans(step, [chunk(4, 10, 1)], None, 0, None)
@@ -792,14 +788,7 @@ def test_plan_with_persistent_outputs_and_separate_chunk_tensors(gen: torch.Gene
     ks = [torch.tensor([0] * 6, dtype=torch.int32), torch.tensor([10] * 5, dtype=torch.int32)]
     ke = [torch.arange(5, 11, dtype=torch.int32), torch.arange(36, 41, dtype=torch.int32)]
     chunks = [
-        PrefillChunk(
-            token_start=a,
-            token_end=b,
-            num_reqs=n,
-            block_table=step.table[first : first + n],
-            cu_seqlen_ks=k,
-            cu_seqlen_ke=e,
-        )
+        _seed_chunk(step, (a, b), (first, n), k, e)
         for (a, b, first, n), k, e in zip([(0, 6, 0, 2), (6, 11, 1, 1)], ks, ke, strict=True)
     ]
     buffers = Buffers(rows=16)
@@ -811,30 +800,27 @@ def test_plan_with_persistent_outputs_and_separate_chunk_tensors(gen: torch.Gene
     assert (buffers.row_ends[11:] == POISON).all()
 
 
-def test_plan_persistent_output_errors(gen: torch.Generator) -> None:
+@pytest.mark.parametrize(
+    ("c", "out_rows", "match"),
+    [
+        (8, 32, "block_ends_out is required with row_ends_out"),
+        (0, 19, "must hold the step's 20 rows"),
+    ],
+)
+def test_plan_persistent_output_errors(
+    gen: torch.Generator, c: int, out_rows: int, match: str
+) -> None:
     step = _step([20], [40], 1, gen)
     chunks, _ = _chunks(step, 10**6, Buffers())
-    with pytest.raises(ValueError, match="block_ends_out is required with row_ends_out"):
+    with pytest.raises(ValueError, match=match):
         plan_prefill_chunks(
             chunks,
             step.qsl,
             step.qsl[1:],
             step.context,
             1,
-            8,
+            c,
             None,
             step.qsl,
-            row_ends_out=torch.empty(32, dtype=torch.int32),
-        )
-    with pytest.raises(ValueError, match="must hold the step's 20 rows"):
-        plan_prefill_chunks(
-            chunks,
-            step.qsl,
-            step.qsl[1:],
-            step.context,
-            1,
-            0,
-            None,
-            step.qsl,
-            row_ends_out=torch.empty(19, dtype=torch.int32),
+            row_ends_out=torch.empty(out_rows, dtype=torch.int32),
         )
