@@ -133,6 +133,20 @@ def _replace(**changes: Any) -> Callable[[dict], None]:
     return mutate
 
 
+def _to(name: str, target: torch.dtype | str) -> Callable[[dict], None]:
+    def mutate(parts: dict) -> None:
+        parts[name] = parts[name].to(target)
+
+    return mutate
+
+
+def _first_rows(name: str, rows: int) -> Callable[[dict], None]:
+    def mutate(parts: dict) -> None:
+        parts[name] = parts[name][:rows]
+
+    return mutate
+
+
 def _both_qsl(index: int, value: int) -> Callable[[dict], None]:
     def mutate(parts: dict) -> None:
         parts["query_start_loc_cpu"][index] = value
@@ -143,16 +157,8 @@ def _both_qsl(index: int, value: int) -> Callable[[dict], None]:
 
 I64 = torch.int64
 BAD_CASES: list[tuple[str, Callable[[dict], None], str]] = [
-    (
-        "dtype",
-        lambda p: p.update(seq_lens=p["seq_lens"].to(I64)),
-        r"seq_lens must be int32, got torch.int64",
-    ),
-    (
-        "host dtype",
-        lambda p: p.update(query_start_loc_cpu=p["query_start_loc_cpu"].to(I64)),
-        r"query_start_loc_cpu must be int32",
-    ),
+    ("dtype", _to("seq_lens", I64), r"seq_lens must be int32, got torch.int64"),
+    ("host dtype", _to("query_start_loc_cpu", I64), r"query_start_loc_cpu must be int32"),
     (
         "not a tensor",
         _replace(block_table=[[0, 1]]),
@@ -160,12 +166,12 @@ BAD_CASES: list[tuple[str, Callable[[dict], None], str]] = [
     ),
     (
         "host on device",
-        lambda p: p.update(seq_lens_upper_bound=p["seq_lens_upper_bound"].to("meta")),
+        _to("seq_lens_upper_bound", "meta"),
         r"seq_lens_upper_bound is a host tensor and must be on the CPU, got device meta",
     ),
     (
         "devices differ",
-        lambda p: p.update(block_table=p["block_table"].to("meta")),
+        _to("block_table", "meta"),
         r"block_table is on meta but query_start_loc is on cpu",
     ),
     (
@@ -175,22 +181,22 @@ BAD_CASES: list[tuple[str, Callable[[dict], None], str]] = [
     ),
     (
         "seq_lens shape",
-        lambda p: p.update(seq_lens=p["seq_lens"][:3]),
+        _first_rows("seq_lens", 3),
         r"seq_lens must have shape \[4\] \(num_reqs = 4\), got \(3,\)",
     ),
     (
         "upper bound shape",
-        lambda p: p.update(seq_lens_upper_bound=p["seq_lens_upper_bound"][:2]),
+        _first_rows("seq_lens_upper_bound", 2),
         r"seq_lens_upper_bound must have shape \[4\]",
     ),
     (
         "device qsl shape",
-        lambda p: p.update(query_start_loc=p["query_start_loc"][:4]),
+        _first_rows("query_start_loc", 4),
         r"query_start_loc must have shape \[5\]",
     ),
     (
         "block table rows",
-        lambda p: p.update(block_table=p["block_table"][:3]),
+        _first_rows("block_table", 3),
         r"block_table must have shape \[num_reqs = 4, max_blocks\], got \(3, 16\)",
     ),
     (
