@@ -16,13 +16,6 @@ SHAPE = StepShape(8, 8, 1)
 NAN = float("nan")
 
 
-@torch.library.custom_op("capture_test::scale_into_device", mutates_args=("out",))
-def scale_into_device(x: torch.Tensor, out: torch.Tensor) -> None:
-    """out = 2 * x + 1."""
-    out.copy_(x * 2)
-    out.add_(1)
-
-
 @pytest.fixture
 def cuda_gen() -> torch.Generator:
     g = torch.Generator(device="cuda")
@@ -80,11 +73,11 @@ def test_inplace_update_and_private_chain(cuda_gen: torch.Generator) -> None:
     json.dumps(stats.to_dict())
 
 
-def test_custom_op_replays(cuda_gen: torch.Generator) -> None:
+def test_custom_op_replays(cuda_gen: torch.Generator, scale_into: Callable[..., None]) -> None:
     x = randn(7, gen=cuda_gen)
     out = torch.empty(7, device="cuda")
     cache = GraphCache("device")
-    cache.capture(SHAPE, lambda: scale_into_device(x, out))
+    cache.capture(SHAPE, lambda: scale_into(x, out))
     x.copy_(randn(7, gen=cuda_gen))
     out.fill_(NAN)
     cache.replay(SHAPE)

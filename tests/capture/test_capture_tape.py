@@ -17,13 +17,6 @@ SHAPE = StepShape(8, 8, 1)
 NAN = float("nan")
 
 
-@torch.library.custom_op("capture_test::scale_into", mutates_args=("out",))
-def scale_into(x: torch.Tensor, out: torch.Tensor) -> None:
-    """out = 2 * x + 1, written with several aten ops inside (none may reach the tape)."""
-    out.copy_(x * 2)
-    out.add_(1)
-
-
 def tape_of(cache: GraphCache, shape: StepShape = SHAPE) -> Tape:
     graph = cache.graph(shape)
     assert isinstance(graph, Tape)
@@ -230,7 +223,7 @@ def test_custom_op_body_is_opaque_to_the_guards(gen: torch.Generator) -> None:
         cache.capture(StepShape(4, 4, 1), lambda: out.copy_(torch.from_numpy(x.numpy())))
 
 
-def test_custom_op_is_one_entry(gen: torch.Generator) -> None:
+def test_custom_op_is_one_entry(gen: torch.Generator, scale_into: Callable[..., None]) -> None:
     x = torch.randn(7, generator=gen)
     out = torch.empty(7)
     final = torch.empty(7)
