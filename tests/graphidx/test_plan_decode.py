@@ -177,7 +177,7 @@ class _DecodeBuffers:
         for t in (self.row_lens, self.row_table, self.block_ends, self.scratch):
             t.fill_(POISON)
 
-    def run(self, qsl: torch.Tensor, seq_lens, table, nd, num_rows, ratio, c):  # type: ignore[no-untyped-def]
+    def run(self, qsl: torch.Tensor, seq_lens, table, nd, num_rows, ratio, c, **kw):  # type: ignore[no-untyped-def]
         return build_decode_rows(
             qsl,
             seq_lens,
@@ -191,6 +191,7 @@ class _DecodeBuffers:
             block_ends_out=self.block_ends if c else None,
             index_staging=self.staging,
             index_scratch=self.scratch,
+            **kw,
         )
 
 
@@ -395,7 +396,7 @@ def test_padding_rows_are_zero_and_no_row_end_is_negative(
     buffers = _DecodeBuffers(max_rows=64, max_cols=batch.block_table.shape[1])
     for declared in (num_real, None):
         buffers.poison()
-        rows = build_decode_rows(
+        rows = buffers.run(
             qsl,
             batch.seq_lens,
             batch.block_table,
@@ -403,11 +404,6 @@ def test_padding_rows_are_zero_and_no_row_end_is_negative(
             num_rows,
             ratio,
             c,
-            row_lens_out=buffers.row_lens,
-            row_block_table_out=buffers.row_table,
-            block_ends_out=buffers.block_ends if c else None,
-            index_staging=buffers.staging,
-            index_scratch=buffers.scratch,
             num_real_reqs=declared,
         )
         assert bool((rows.row_lens >= 0).all())

@@ -113,33 +113,42 @@ def test_one_request_cut_in_three_is_joined_then_recut() -> None:
     assert _ranges(plan_gather_launches(chunks, plans, 100)) == [(3, 33)]
 
 
-def test_non_gathering_chunk_breaks_runs() -> None:
-    step = Step([30, 5])
-    chunks, plans = zip(
-        step.chunk(0, 10, 0, 1, True),
-        step.chunk(10, 20, 0, 1, False),
-        step.chunk(20, 30, 0, 1, True),
-        step.chunk(30, 35, 1, 1, True),
-        strict=True,
-    )
-    launches = plan_gather_launches(chunks, plans, 100)
-    assert _ranges(launches) == [(0, 10), (20, 30), (30, 35)]
-    _check_launch_tensors(step, launches)
-
-
-def test_runs_follow_requests_across_multi_request_chunks() -> None:
-    # Chunk 0 holds requests 0 and 1; request 2 spans chunks 1-2; chunk 3's group is requests
-    # 2-4 but only request 4 has rows in it, so the chunk starts there.
-    step = Step([4, 6, 20, 0, 3])
-    chunks, plans = zip(
-        step.chunk(0, 10, 0, 2, True),
-        step.chunk(10, 22, 2, 1, True),
-        step.chunk(22, 30, 2, 1, True),
-        step.chunk(30, 33, 2, 3, True),
-        strict=True,
-    )
-    launches = plan_gather_launches(chunks, plans, 7)
-    assert _ranges(launches) == [(0, 4), (4, 10), (10, 17), (17, 24), (24, 30), (30, 33)]
+@pytest.mark.parametrize(
+    ("query_lens", "specs", "max_rows", "expected"),
+    [
+        pytest.param(
+            [30, 5],
+            [
+                (0, 10, 0, 1, True),
+                (10, 20, 0, 1, False),
+                (20, 30, 0, 1, True),
+                (30, 35, 1, 1, True),
+            ],
+            100,
+            [(0, 10), (20, 30), (30, 35)],
+            id="a non-gathering chunk breaks runs",
+        ),
+        # Chunk 0 holds requests 0 and 1; request 2 spans chunks 1-2; chunk 3's group is
+        # requests 2-4 but only request 4 has rows in it, so the chunk starts there.
+        pytest.param(
+            [4, 6, 20, 0, 3],
+            [(0, 10, 0, 2, True), (10, 22, 2, 1, True), (22, 30, 2, 1, True), (30, 33, 2, 3, True)],
+            7,
+            [(0, 4), (4, 10), (10, 17), (17, 24), (24, 30), (30, 33)],
+            id="runs follow requests across multi-request chunks",
+        ),
+    ],
+)
+def test_launch_runs(
+    query_lens: list[int],
+    specs: list[tuple[int, int, int, int, bool]],
+    max_rows: int,
+    expected: list[tuple[int, int]],
+) -> None:
+    step = Step(query_lens)
+    chunks, plans = zip(*(step.chunk(*spec) for spec in specs), strict=True)
+    launches = plan_gather_launches(chunks, plans, max_rows)
+    assert _ranges(launches) == expected
     _check_launch_tensors(step, launches)
 
 
