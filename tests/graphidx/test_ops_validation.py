@@ -63,27 +63,10 @@ def _positional(args: Args, names: tuple[str, ...]) -> tuple[list[Any], Args]:
     return [rest.pop(n) for n in names], rest
 
 
-LOGITS_POSITIONAL = (
-    "q",
-    "q_scale",
-    "kv_cache",
-    "weights",
-    "context_lens",
-    "block_table",
-    "row_ends",
-    "out",
-)
-GATHER_POSITIONAL = (
-    "q",
-    "q_scale",
-    "kv_cache",
-    "weights",
-    "context_lens",
-    "block_table",
-    "positions",
-    "live_cols",
-    "out",
-)
+# Both ops' leading positional arguments, then each op's own.
+OPERANDS = ("q", "q_scale", "kv_cache", "weights", "context_lens", "block_table")
+LOGITS_POSITIONAL = (*OPERANDS, "row_ends", "out")
+GATHER_POSITIONAL = (*OPERANDS, "positions", "live_cols", "out")
 
 
 def _run_logits(args: Args) -> None:
@@ -195,23 +178,6 @@ LOGITS_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("case", "change", "message"), LOGITS_CASES, ids=[c[0] for c in LOGITS_CASES]
-)
-def test_paged_mqa_logits_rejects(
-    gen: torch.Generator, case: str, change: Callable[[Args], None], message: str
-) -> None:
-    args = _logits_args(gen)
-    _run_logits(dict(args))  # the unchanged arguments are valid
-    args["out"].fill_(NAN)
-    args["block_scores"].fill_(NAN)
-    out, block_scores = args["out"], args["block_scores"]
-    change(args)
-    with pytest.raises(ValueError, match=message):
-        _run_logits(args)
-    assert torch.all(torch.isnan(out)) and torch.all(torch.isnan(block_scores)), case
-
-
 GATHER_CASES = [
     *SHARED_CASES,
     ("positions dtype", _set("positions", lambda a: a["positions"].long()), "positions must"),
@@ -222,21 +188,32 @@ GATHER_CASES = [
     ("C bool", _set("candidate_block_size", lambda a: True), "candidate_block_size must be"),
 ]
 
+# Per op: its valid arguments, the call, and the outputs that must stay untouched.
+OPS: dict[
+    str, tuple[Callable[[torch.Generator], Args], Callable[[Args], None], tuple[str, ...]]
+] = {
+    "paged_mqa_logits": (_logits_args, _run_logits, ("out", "block_scores")),
+    "gather_mqa_logits": (_gather_args, _run_gather, ("out",)),
+}
+REJECT_CASES = [("paged_mqa_logits", *c) for c in LOGITS_CASES] + [
+    ("gather_mqa_logits", *c) for c in GATHER_CASES
+]
+
 
 @pytest.mark.parametrize(
-    ("case", "change", "message"), GATHER_CASES, ids=[c[0] for c in GATHER_CASES]
+    ("op", "case", "change", "message"), REJECT_CASES, ids=[f"{c[0]}: {c[1]}" for c in REJECT_CASES]
 )
-def test_gather_mqa_logits_rejects(
-    gen: torch.Generator, case: str, change: Callable[[Args], None], message: str
+def test_logits_ops_reject(
+    gen: torch.Generator, op: str, case: str, change: Callable[[Args], None], message: str
 ) -> None:
-    args = _gather_args(gen)
-    _run_gather(dict(args))
-    args["out"].fill_(NAN)
-    out = args["out"]
+    make_args, run, outputs = OPS[op]
+    args = make_args(gen)
+    run(dict(args))  # the unchanged arguments are valid
+    poisoned = [args[name].fill_(NAN) for name in outputs]
     change(args)
     with pytest.raises(ValueError, match=message):
-        _run_gather(args)
-    assert torch.all(torch.isnan(out)), case
+        run(args)
+    assert all(torch.all(torch.isnan(t)) for t in poisoned), case
 
 
 def test_topk_per_row_rejects(gen: torch.Generator) -> None:
