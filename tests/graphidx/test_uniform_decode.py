@@ -198,18 +198,22 @@ def test_request_rows_follow_the_device_offsets() -> None:
     rows = torch.full((reqs * next_n,), POISON, dtype=torch.int32)
     blocks = torch.full((reqs * next_n,), POISON, dtype=torch.int32)
     grouping = torch.full((reqs + 1,), POISON, dtype=torch.int32)
-    derive_request_rows(
-        torch.tensor(seq, dtype=torch.int32),
-        torch.tensor([live], dtype=torch.int32),
-        torch.tensor(offsets, dtype=torch.int32),
-        next_n,
-        ratio,
-        size,
-        context_lens_out=contexts,
-        row_lens_out=rows,
-        block_ends_out=blocks,
-        query_start_loc_out=grouping,
-    )
+
+    def derive(offsets: list[int]) -> None:
+        derive_request_rows(
+            torch.tensor(seq, dtype=torch.int32),
+            torch.tensor([live], dtype=torch.int32),
+            torch.tensor(offsets, dtype=torch.int32),
+            next_n,
+            ratio,
+            size,
+            context_lens_out=contexts,
+            row_lens_out=rows,
+            block_ends_out=blocks,
+            query_start_loc_out=grouping,
+        )
+
+    derive(offsets)
     want = []
     for q, length in zip(real, seq, strict=False):
         want += [max(length - q + j + 1, 0) // ratio for j in range(q)]
@@ -219,18 +223,7 @@ def test_request_rows_follow_the_device_offsets() -> None:
     assert contexts.tolist() == [s // ratio for s in seq[:live]] + [0]
     assert grouping.tolist() == [0, 1, 5, 8, 10, 15]
     # Offsets that decrease or leave the step are clamped into a valid grouping.
-    derive_request_rows(
-        torch.tensor(seq, dtype=torch.int32),
-        torch.tensor([live], dtype=torch.int32),
-        torch.tensor([5, -3, 99, 2, 12, 0], dtype=torch.int32),
-        next_n,
-        ratio,
-        size,
-        context_lens_out=contexts,
-        row_lens_out=rows,
-        block_ends_out=blocks,
-        query_start_loc_out=grouping,
-    )
+    derive([5, -3, 99, 2, 12, 0])
     bounds = grouping.tolist()
     assert bounds[0] == 0 and bounds[-1] == 15 and bounds == sorted(bounds)
     assert all(r >= 0 for r in rows.tolist())
