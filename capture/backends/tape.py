@@ -282,11 +282,13 @@ class _HostReadGuard(TorchFunctionMode):
 
 
 class _SyncGuard(TorchDispatchMode):
-    """Applies `check_dispatched_op` to every op and runs it; records nothing."""
+    """Applies `check_dispatched_op` to every op and runs it (`_run`); records nothing."""
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
-        # Let torch.compile'd callables run compiled under the guard (see the docstring).
+        # Let torch.compile'd callables run compiled under the guard, their dispatched ops
+        # checked (and, under the recorder, recorded): see the module docstring. Without
+        # this torch.compile refuses to run under the mode.
         return True
 
     def __torch_dispatch__(
@@ -298,6 +300,9 @@ class _SyncGuard(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         check_dispatched_op(func, args, kwargs)
+        return self._run(func, args, kwargs)
+
+    def _run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         with _running_op():
             return func(*args, **kwargs)
 
@@ -452,14 +457,9 @@ class _Tracked:
     resizable: bool = False
 
 
-class _Recorder(TorchDispatchMode):
-    """Runs every dispatched op and records it; the state of one capture."""
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        # Compiled code runs under capture and its dispatched ops are recorded (see the
-        # module docstring); without this torch.compile refuses to run under the recorder.
-        return True
+class _Recorder(_SyncGuard):
+    """Checks and runs every dispatched op as `_SyncGuard` does, and records it; the state
+    of one capture."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -470,15 +470,7 @@ class _Recorder(TorchDispatchMode):
         self.privates: dict[int, _Tracked] = {}
         self.views: list[tuple[int, int, TensorSignature]] = []
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        check_dispatched_op(func, args, kwargs)
+    def _run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         frozen_args = _freeze(tuple(args))
         frozen_kwargs = _freeze(dict(kwargs))
         position = len(self.entries)
@@ -492,9 +484,7 @@ class _Recorder(TorchDispatchMode):
                     f"argument `{label}` of {_op_name(func)} (op #{position})",
                 )
 
-        with _running_op():
-            result = func(*args, **kwargs)
-
+        result = super()._run(func, args, kwargs)
         outputs, _ = tree_flatten(result)
         roles = tuple(
             self._classify(func, position, index, output, arguments)
