@@ -23,10 +23,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
+from capture import CaptureSizes
 from graphidx.batch import StepBatch
 from graphidx.config import IndexerConfig, cdiv
 from graphidx.mxfp4 import cache_layout, quantize_mxfp4, write_k_cache
@@ -311,6 +313,45 @@ class StepGenerator:
         kinds = tuple(kinds)
         for _ in range(n):
             yield self.case(kinds[int(self.rng.integers(0, len(kinds)))])
+
+
+def tape_runner(
+    config: IndexerConfig,
+    stack: IndexerStack,
+    kv_caches: list[torch.Tensor],
+    *,
+    capture_sizes: CaptureSizes | None = None,
+    capture: bool = True,
+    **runner_options: Any,
+) -> IndexerGraphRunner:
+    """A CPU runner on the tape backend over `kv_caches`. Capture sizes: `capture_sizes`,
+    else uniform decode up to 16 rows; the graphs are captured unless `capture` is False."""
+    runner = IndexerGraphRunner(
+        config,
+        stack,
+        kv_caches,
+        "cpu",
+        graph_backend="tape",
+        capture_sizes=capture_sizes or CaptureSizes(max_size=16, uniform_query_len=config.next_n),
+        **runner_options,
+    )
+    if capture:
+        runner.capture()
+    return runner
+
+
+def random_tape_runner(
+    config: IndexerConfig,
+    stack: IndexerStack,
+    *,
+    seed: int,
+    num_pages: int = 96,
+    max_context: int = 1500,
+    **options: Any,
+) -> tuple[IndexerGraphRunner, StepGenerator]:
+    """A `StepGenerator` and a `tape_runner` (given `options`) over its random caches."""
+    gen = StepGenerator(config, stack, num_pages=num_pages, seed=seed, max_context=max_context)
+    return tape_runner(config, stack, gen.kv_caches(), **options), gen
 
 
 @dataclass(frozen=True)

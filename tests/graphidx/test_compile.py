@@ -27,8 +27,13 @@ from graphidx.config import IndexerConfig, cdiv
 from graphidx.indexer import candidate_consumer, dense_indexer
 from graphidx.metadata import IndexerMetadata
 from graphidx.ops.backend import resolve_backend, triton_interpreted
-from graphidx.runner import IndexerGraphRunner, IndexerStack, LayerInput
-from graphidx.testing import StepGenerator, check_replay, random_kv_cache, random_layer_input
+from graphidx.runner import IndexerStack, LayerInput
+from graphidx.testing import (
+    check_replay,
+    random_kv_cache,
+    random_layer_input,
+    random_tape_runner,
+)
 from graphidx.workspace import IndexerWorkspace
 
 SENTINEL = -777
@@ -304,17 +309,16 @@ def test_runner_captures_and_replays_a_compiled_step() -> None:
     torch._dynamo.utils.counters.clear()
     config = CANDIDATE_CONFIG
     stack = IndexerStack(candidate_source=True, consumers=1)
-    gen = StepGenerator(config, stack, num_pages=48, seed=6, max_context=1000)
-    runner = IndexerGraphRunner(
+    sizes = CaptureSizes([4, 8, 16], max_size=16, uniform_query_len=config.next_n)
+    runner, gen = random_tape_runner(
         config,
         stack,
-        gen.kv_caches(),
-        "cpu",
-        graph_backend="tape",
-        capture_sizes=CaptureSizes([4, 8, 16], max_size=16, uniform_query_len=config.next_n),
+        seed=6,
+        num_pages=48,
+        max_context=1000,
+        capture_sizes=sizes,
         compile_layers=True,
     )
-    runner.capture()
     assert len(runner.graphs) == 3
     # The layers really went through dynamo (one graph or more: shapes may recompile).
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1

@@ -20,7 +20,7 @@ from graphidx.integrations.sglang import (
     topk_positions_to_kv_slots,
 )
 from graphidx.runner import IndexerGraphRunner, IndexerStack
-from graphidx.testing import random_kv_cache, random_layer_input
+from graphidx.testing import random_kv_cache, random_layer_input, tape_runner
 
 NUM_PAGES = 64
 POOL_ROWS = 12
@@ -32,16 +32,8 @@ DECODE = SimpleNamespace(is_target_verify=lambda: False)  # ForwardMode.DECODE
 def _runner(config: IndexerConfig, seed: int = 0) -> IndexerGraphRunner:
     gen = torch.Generator().manual_seed(seed)
     caches = [random_kv_cache(config, NUM_PAGES, "cpu", gen) for _ in range(STACK.num_layers)]
-    runner = IndexerGraphRunner(
-        config,
-        STACK,
-        caches,
-        "cpu",
-        graph_backend="tape",
-        capture_sizes=CaptureSizes(max_size=8 * config.next_n, uniform_query_len=config.next_n),
-    )
-    runner.capture()
-    return runner
+    sizes = CaptureSizes(max_size=8 * config.next_n, uniform_query_len=config.next_n)
+    return tape_runner(config, STACK, caches, capture_sizes=sizes)
 
 
 def _pool(config: IndexerConfig, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

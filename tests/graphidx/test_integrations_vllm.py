@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from capture import CaptureSizes
 from graphidx.batch import StepBatch
 from graphidx.config import MIB, IndexerConfig
 from graphidx.integrations.vllm import (
@@ -19,8 +18,8 @@ from graphidx.integrations.vllm import (
     indexer_config_from_vllm,
     step_batch_from_vllm,
 )
-from graphidx.runner import IndexerGraphRunner, IndexerStack
-from graphidx.testing import random_kv_cache, random_layer_input
+from graphidx.runner import IndexerStack
+from graphidx.testing import random_kv_cache, random_layer_input, tape_runner
 
 CONFIG = IndexerConfig.cpu_demo()  # next_n = 2, R = 1, pages of 64 tokens
 NUM_PAGES = 64
@@ -295,15 +294,7 @@ def test_runner_step_from_vllm_metadata_equals_the_plain_batch(padding: str) -> 
     stack = IndexerStack(candidate_source=True, consumers=2)
     gen = torch.Generator().manual_seed(11)
     caches = [random_kv_cache(config, NUM_PAGES, "cpu", gen) for _ in range(stack.num_layers)]
-    runner = IndexerGraphRunner(
-        config,
-        stack,
-        caches,
-        "cpu",
-        graph_backend="tape",
-        capture_sizes=CaptureSizes(max_size=16, uniform_query_len=config.next_n),
-    )
-    runner.capture()
+    runner = tape_runner(config, stack, caches)
     rng = np.random.default_rng(3)
     real_seq = [int(s) for s in rng.integers(2, 1500, size=5)]
     real_query = [config.next_n] * 5

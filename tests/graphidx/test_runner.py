@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from capture import CaptureSizes, StepShape
+from graphidx.batch import StepBatch
 from graphidx.builder import CandidateIndexerMetadataBuilder, CapturedDecode
 from graphidx.cli.replay_check import run_replay_check
 from graphidx.config import IndexerConfig
 from graphidx.runner import IndexerGraphRunner, IndexerStack
-from graphidx.testing import StepGenerator, check_replay
+from graphidx.testing import StepGenerator, check_replay, random_tape_runner
 
 CONFIG = IndexerConfig.cpu_demo(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=2048)
 STACK = IndexerStack(candidate_source=True, consumers=2)
@@ -23,18 +24,8 @@ STACK = IndexerStack(candidate_source=True, consumers=2)
 def _setup(
     seed: int = 0, *, config: IndexerConfig = CONFIG, max_size: int = 16, **runner_kw: object
 ) -> tuple[IndexerGraphRunner, StepGenerator]:
-    gen = StepGenerator(config, STACK, num_pages=96, seed=seed, max_context=1500)
-    runner = IndexerGraphRunner(
-        config,
-        STACK,
-        gen.kv_caches(),
-        "cpu",
-        graph_backend="tape",
-        capture_sizes=CaptureSizes(max_size=max_size, uniform_query_len=config.next_n),
-        **runner_kw,  # type: ignore[arg-type]
-    )
-    runner.capture()
-    return runner, gen
+    sizes = CaptureSizes(max_size=max_size, uniform_query_len=config.next_n)
+    return random_tape_runner(config, STACK, seed=seed, capture_sizes=sizes, **runner_kw)
 
 
 def test_uniform_decode_is_padded_and_replayed() -> None:
@@ -85,15 +76,7 @@ def test_planted_shape_bug_is_caught() -> None:
             metadata = dataclasses.replace(captured.metadata, decode=decode)
             return CapturedDecode(metadata, captured.derive)
 
-    gen = StepGenerator(CONFIG, STACK, num_pages=96, seed=3, max_context=1500)
-    runner = IndexerGraphRunner(
-        CONFIG,
-        STACK,
-        gen.kv_caches(),
-        "cpu",
-        graph_backend="tape",
-        capture_sizes=CaptureSizes(max_size=16, uniform_query_len=CONFIG.next_n),
-    )
+    runner, gen = random_tape_runner(CONFIG, STACK, seed=3, capture=False)
     runner.builder = LengthDependentBuilder(
         CONFIG, "cpu", num_pages=runner.num_pages, full_graph_decode=True
     )
@@ -225,43 +208,26 @@ def test_step_refuses_a_batch_validated_for_another_cache_or_config() -> None:
     runner, gen = _setup(seed=8)
     case = gen.case("decode")
     b = case.batch
-    unvalidated = type(b)(
-        b.query_start_loc_cpu,
-        b.seq_lens_upper_bound,
-        b.query_start_loc,
-        b.seq_lens,
-        b.block_table,
-        config=CONFIG,
-        num_tokens=b.num_tokens,
-        validate=False,
-    )
+
+    def unchecked(config: IndexerConfig, num_pages: int | None = None) -> StepBatch:
+        """The case's step tensors under `config` and `num_pages`, not validated."""
+        return StepBatch(
+            b.query_start_loc_cpu,
+            b.seq_lens_upper_bound,
+            b.query_start_loc,
+            b.seq_lens,
+            b.block_table,
+            config=config,
+            num_tokens=b.num_tokens,
+            num_pages=num_pages,
+            validate=False,
+        )
+
     with pytest.raises(ValueError, match=r"batch\.num_pages = None"):
-        runner.step(unvalidated, case.inputs)
-    bigger = type(b)(
-        b.query_start_loc_cpu,
-        b.seq_lens_upper_bound,
-        b.query_start_loc,
-        b.seq_lens,
-        b.block_table,
-        config=CONFIG,
-        num_tokens=b.num_tokens,
-        num_pages=runner.num_pages + 1,
-        validate=False,
-    )
+        runner.step(unchecked(CONFIG), case.inputs)
     with pytest.raises(ValueError, match="num_pages"):
-        runner.step(bigger, case.inputs)
-    other = CONFIG.replace(block_size=128)
-    foreign = type(b)(
-        b.query_start_loc_cpu,
-        b.seq_lens_upper_bound,
-        b.query_start_loc,
-        b.seq_lens,
-        b.block_table,
-        config=other,
-        num_tokens=b.num_tokens,
-        num_pages=runner.num_pages,
-        validate=False,
-    )
+        runner.step(unchecked(CONFIG, runner.num_pages + 1), case.inputs)
+    foreign = unchecked(CONFIG.replace(block_size=128), runner.num_pages)
     with pytest.raises(ValueError, match=r"batch\.config differs"):
         runner.step(foreign, case.inputs)
 

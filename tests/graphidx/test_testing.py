@@ -8,16 +8,16 @@ from collections import Counter
 
 import pytest
 
-from capture import CaptureSizes
 from graphidx.batch import padding_form
 from graphidx.config import IndexerConfig
-from graphidx.runner import IndexerGraphRunner, IndexerStack
+from graphidx.runner import IndexerStack
 from graphidx.testing import (
     KINDS,
     PADDED_KINDS,
     RUNTIME_PADDING,
     StepGenerator,
     check_replay,
+    random_tape_runner,
 )
 
 CONFIG = IndexerConfig.cpu_demo(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=2048)
@@ -35,20 +35,6 @@ DENSE = IndexerConfig(
     max_num_seqs=8,
     max_num_batched_tokens=128,
 )
-
-
-def _runner(config: IndexerConfig, stack: IndexerStack, seed: int):  # type: ignore[no-untyped-def]
-    gen = StepGenerator(config, stack, num_pages=96, seed=seed, max_context=1500)
-    runner = IndexerGraphRunner(
-        config,
-        stack,
-        gen.kv_caches(),
-        "cpu",
-        graph_backend="tape",
-        capture_sizes=CaptureSizes(max_size=16, uniform_query_len=config.next_n),
-    )
-    runner.capture()
-    return runner, gen
 
 
 def test_kinds_cover_every_runtime_convention() -> None:
@@ -89,7 +75,7 @@ def test_padded_draws_every_padded_form() -> None:
 def test_runtime_padding_replays_match_the_unpadded_answer(
     config: IndexerConfig, stack: IndexerStack
 ) -> None:
-    runner, gen = _runner(config, stack, seed=5)
+    runner, gen = random_tape_runner(config, stack, seed=5)
     report = check_replay(runner, gen.cases(36, kinds=tuple(RUNTIME_PADDING)))
     assert report.ok, report.mismatches[:5]
     assert set(report.by_kind) == set(RUNTIME_PADDING)
@@ -99,7 +85,7 @@ def test_runtime_padding_replays_match_the_unpadded_answer(
 def test_a_wrong_real_row_under_padding_is_caught() -> None:
     """A runner that scores a padded step's real rows wrongly (here: drops the last real
     request's picks whenever the step carries padding requests) fails the check."""
-    runner, gen = _runner(CONFIG, STACK, seed=6)
+    runner, gen = random_tape_runner(CONFIG, STACK, seed=6)
     step = runner.step
 
     def broken(batch, layer_inputs, **kw):  # type: ignore[no-untyped-def]
