@@ -58,29 +58,35 @@ class DemoSettings:
         """The CPU shape on a CPU (tape), the full V4.1-Flash shape on a GPU (device)."""
         if device.type == "cuda":
             config = IndexerConfig.deepseek_v41_flash(max_num_seqs=64, max_model_len=131072)
-            return cls(
-                config,
-                IndexerStack(candidate_source=True, consumers=3),
-                device,
-                "device",
-                num_requests=96,
-                prompt_lens=(2048, 65536),
-                output_lens=(16, 48),
-                max_running=64,
-                seed=seed,
-            )
-        config = IndexerConfig.cpu_demo()
+            consumers, backend, num_requests, max_running = 3, "device", 96, 64
+            prompt_lens, output_lens = (2048, 65536), (16, 48)
+        else:
+            config = IndexerConfig.cpu_demo()
+            consumers, backend, num_requests, max_running = 2, "tape", 24, 12
+            prompt_lens, output_lens = (32, 1024), (8, 24)
         return cls(
             config,
-            IndexerStack(candidate_source=True, consumers=2),
+            IndexerStack(candidate_source=True, consumers=consumers),
             device,
-            "tape",
-            num_requests=24,
-            prompt_lens=(32, 1024),
-            output_lens=(8, 24),
-            max_running=12,
+            backend,
+            num_requests=num_requests,
+            prompt_lens=prompt_lens,
+            output_lens=output_lens,
+            max_running=max_running,
             seed=seed,
         )
+
+    def random_requests(self, rng: np.random.Generator) -> list[Request]:
+        """`num_requests` requests: prompt lengths log-uniform in `prompt_lens`, output
+        lengths uniform in `output_lens` (both ends included)."""
+        low, high = self.prompt_lens
+        return [
+            Request(
+                int(np.exp(rng.uniform(np.log(low), np.log(high)))),
+                int(rng.integers(self.output_lens[0], self.output_lens[1] + 1)),
+            )
+            for _ in range(self.num_requests)
+        ]
 
 
 @dataclass(frozen=True)
@@ -126,14 +132,7 @@ class ServingSimulation:
             settings.device,
             graph_backend=settings.graph_backend,
         )
-        low, high = settings.prompt_lens
-        self.waiting = [
-            Request(
-                int(np.exp(self.rng.uniform(np.log(low), np.log(high)))),
-                int(self.rng.integers(settings.output_lens[0], settings.output_lens[1] + 1)),
-            )
-            for _ in range(settings.num_requests)
-        ]
+        self.waiting = settings.random_requests(self.rng)
         self.running: list[Request] = []
 
     # -- scheduling

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from graphidx.cli.demo import DemoSettings, Request, ServingSimulation
+from graphidx.cli.demo import DemoSettings, ServingSimulation
 
 
 def _scheduler_only(seed: int) -> ServingSimulation:
@@ -16,14 +16,7 @@ def _scheduler_only(seed: int) -> ServingSimulation:
     sim.rng = np.random.default_rng(seed)
     sim.free_pages = list(range(100_000))
     sim.running = []
-    low, high = settings.prompt_lens
-    sim.waiting = [
-        Request(
-            int(np.exp(sim.rng.uniform(np.log(low), np.log(high)))),
-            int(sim.rng.integers(settings.output_lens[0], settings.output_lens[1] + 1)),
-        )
-        for _ in range(settings.num_requests)
-    ]
+    sim.waiting = settings.random_requests(sim.rng)
     return sim
 
 
