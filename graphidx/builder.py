@@ -26,6 +26,7 @@ width.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ import torch
 from capture import StaticBuffers
 from graphidx.batch import StepBatch
 from graphidx.config import IndexerConfig, is_power_of_two
+from graphidx.distributed import ContextParallel, local_lengths
 from graphidx.metadata import (
     DecodeMetadata,
     GatherLaunch,
@@ -132,6 +134,17 @@ class IndexerMetadataBuilder:
     `StaticBuffers` that owns the persistent buffers (names prefixed "builder."), so that one
     owner holds everything a graph reads; None: the builder's own.
     Raises `ValueError` at construction for a configuration the cache layout cannot serve.
+
+    Context parallel (`config.dcp_world_size` W > 1, docs/contract.md section 10): the builder
+    plans rank `config.dcp_rank`'s share. The batch carries the global `seq_lens` and upper
+    bounds (every rank gets the same ones) and this rank's block table and page count: its
+    cache holds its positions at their local indices (`graphidx.distributed`). The context
+    lengths, decode row ends, prefill row ends (and `cu_seqlen_ke`, so `ke - ks` stays the row
+    end over the concatenated local contexts) and block ends become rank-local on the device
+    (`local_lengths` of the global ones), logits widths become `local_count` of the global
+    ones, and the chunking, splits and every other host decision stay the global ones, so
+    every rank launches the same rows (the layers' exchange needs it). Two-level stacks
+    (`sparse_logits`) are refused under W > 1.
     """
 
     def __init__(
@@ -159,6 +172,7 @@ class IndexerMetadataBuilder:
         # Item count the schedule aims at (about one per persistent logits program).
         self._target_items = default_target_items(self.device) if self.decode_schedule else 0
         self.num_pages = num_pages
+        self.context_parallel: ContextParallel | None = None
         self.layout = self._check_config()
         self.min_gather_width: int | None = None
         if buffers is not None and buffers.device != self.device:
@@ -175,10 +189,13 @@ class IndexerMetadataBuilder:
 
         config = self.config
         if config.dcp_world_size > 1:
-            raise ValueError(
-                f"dcp_world_size = {config.dcp_world_size}: context parallel is not wired into "
-                "the builders, layers and runner yet (graphidx.distributed has the pieces)"
-            )
+            if config.sparse_logits:
+                raise ValueError(
+                    f"dcp_world_size = {config.dcp_world_size} with sparse_logits=True: context "
+                    "parallel is wired for dense indexer layers only, not yet for two-level "
+                    "(candidate source and consumer) stacks"
+                )
+            self.context_parallel = ContextParallel.from_config(config)
         try:
             return cache_layout(config.num_heads, config.head_dim, config.page_entries)
         except ValueError as error:
@@ -243,12 +260,54 @@ class IndexerMetadataBuilder:
     def _decode_width(self, batch: StepBatch, num_decodes: int) -> int | None:
         """Decode logits columns: None (all of `logits_width`) under a FULL graph, else the
         step's widest decode context from the host upper bounds (a value-dependent choice
-        that only an eager step may make)."""
+        that only an eager step may make); under context parallel, this rank's share."""
         if self.full_graph_decode:
-            return None
+            return self._full_decode_width()
         upper = batch.seq_lens_upper_bound.numpy()[:num_decodes]
         widest = int(upper.max()) // self.config.compress_ratio if num_decodes else 0
-        return max(1, widest)
+        cp = self.context_parallel
+        return max(1, widest if cp is None else cp.local_count(widest))
+
+    def _full_decode_width(self) -> int | None:
+        """A FULL graph's decode columns: None (`logits_width`), or under context parallel
+        this rank's share of it."""
+        cp = self.context_parallel
+        return None if cp is None else max(1, cp.local_count(self.config.logits_width))
+
+    # Context parallel: the rank's share of global lengths, in place on the device.
+    def _to_local(self, lengths: torch.Tensor) -> None:
+        """Replace global lengths by this rank's (`local_lengths`); a no-op on one rank."""
+        if self.context_parallel is not None:
+            lengths.copy_(local_lengths(self.context_parallel, lengths))
+
+    def _local_decode_rows(self, row_lens: torch.Tensor, block_ends: torch.Tensor | None) -> None:
+        """Decode row ends made rank-local, and the block ends recomputed from them."""
+        if self.context_parallel is None:
+            return
+        self._to_local(row_lens)
+        if block_ends is not None:
+            size = self.config.candidate_block_size
+            torch.add(row_lens, size - 1, out=block_ends)
+            block_ends.div_(size, rounding_mode="floor")
+
+    def _local_prefill_ends(self, start: int, end: int) -> None:
+        """Prefill rows [start, end): `cu_seqlen_ke = ks + local(ke - ks)`, so that the row
+        ends `ke - ks` planned from them are rank-local (ks is already the cumsum of the
+        rank-local contexts)."""
+        if self.context_parallel is None or end <= start:
+            return
+        ks = self._buffers["cu_seqlen_ks"][start:end]
+        ke = self._buffers["cu_seqlen_ke"][start:end]
+        ke.sub_(ks)
+        self._to_local(ke)
+        ke.add_(ks)
+
+    def _local_plans(self, plans: list[PrefillPlan]) -> list[PrefillPlan]:
+        """Prefill plans whose logits width is this rank's share of the global width."""
+        cp = self.context_parallel
+        if cp is None:
+            return plans
+        return [dataclasses.replace(p, width=cp.local_count(p.width)) for p in plans]
 
     # Hooks for subclasses and later features.
     def _build_schedule(self, decode: DecodeMetadata) -> torch.Tensor | None:
@@ -350,24 +409,41 @@ class IndexerMetadataBuilder:
             )
         schedule = b.get("schedule")
         native = NativeDecode(next_n, context_lens, block_table) if next_n > 1 else None
+        local = self.context_parallel is not None
 
         def derive() -> None:
+            # Under context parallel the row ends become rank-local before the block ends and
+            # the schedule are derived from them (a few more device ops, still no host value).
             derive_uniform_decode(
                 seq_lens,
                 num_live_reqs,
                 context_lens,
                 row_lens,
-                block_ends,
-                schedule,
+                None if local else block_ends,
+                None if local else schedule,
                 next_n=next_n,
                 compress_ratio=config.compress_ratio,
-                candidate_block_size=config.candidate_block_size if block_ends is not None else 0,
+                candidate_block_size=config.candidate_block_size
+                if block_ends is not None and not local
+                else 0,
                 group_rows=next_n,
                 target_items=self._target_items,
                 backend=backend,
             )
+            if local:
+                self._to_local(context_lens)
+                self._local_decode_rows(row_lens, block_ends)
+                if schedule is not None:
+                    build_decode_schedule(
+                        row_lens,
+                        schedule,
+                        next_n=next_n,
+                        target_items=self._target_items,
+                        backend=backend,
+                    )
 
-        decode = DecodeMetadata(row_lens, block_table, block_ends, native, schedule, width=None)
+        width = self._full_decode_width()
+        decode = DecodeMetadata(row_lens, block_table, block_ends, native, schedule, width=width)
         return self._captured(num_reqs, context_lens, decode, derive)
 
     def _captured(
@@ -427,11 +503,14 @@ class IndexerMetadataBuilder:
                 block_ends_out=block_ends,
                 query_start_loc_out=offsets,
             )
+            self._to_local(context_lens)
+            self._local_decode_rows(row_lens, block_ends)
 
         decode = DecodeMetadata(
             row_lens,
             block_table,
             block_ends,
+            width=self._full_decode_width(),
             request_rows=RequestRows(offsets, context_lens, block_table),
         )
         return self._captured(num_reqs, context_lens, decode, derive)
@@ -501,6 +580,7 @@ class IndexerMetadataBuilder:
             context_lens.copy_(batch.seq_lens)
         if batch.num_real_reqs < num_reqs:  # runtime padding requests see nothing
             context_lens[batch.num_real_reqs :].zero_()
+        self._to_local(context_lens)
 
         decode_rows = num_decode_tokens if num_prefills else batch.num_tokens
         decode = None
@@ -521,6 +601,7 @@ class IndexerMetadataBuilder:
                 index_scratch=buffers["decode_row_index"],
             )
             self._decode_staging.shipped()
+            self._local_decode_rows(rows.row_lens, rows.block_ends)
             next_n = 1 if config.adaptive_verification else config.next_n
             decode = DecodeMetadata(
                 row_lens=rows.row_lens,
@@ -569,6 +650,8 @@ class IndexerMetadataBuilder:
                 cumsum_scratch=buffers["prefill_cumsum_pairs"],
             )
             self._prefill_staging.shipped()
+            first_row = int(qsl[num_decodes])
+            self._local_prefill_ends(first_row, first_row + num_prefill_tokens)
             plans = plan_prefill_chunks(
                 chunks,
                 qsl,
@@ -582,6 +665,7 @@ class IndexerMetadataBuilder:
                 row_ends_out=buffers["prefill_row_ends"],
                 block_ends_out=buffers.get("prefill_block_ends"),
             )
+            plans = self._local_plans(plans)
 
         decode_use_gather, gather_launches = self._gather_plan(batch, num_decodes, chunks, plans)
         return IndexerMetadata(

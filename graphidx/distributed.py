@@ -22,8 +22,11 @@ rank. NaN scores are not valid input (as in section 5.2).
 
 Everything on tensors is torch ops with no host sync (graph-capturable); sizes come from
 shapes and the host-side `ContextParallel`. Positions must stay below 2**31.
-`IndexerConfig`'s dcp fields describe the sharding (`ContextParallel.from_config`); the
-builders, layers and runner refuse dcp_world_size > 1 until they are wired to it.
+`IndexerConfig`'s dcp fields describe the sharding (`ContextParallel.from_config`). The
+metadata builder computes each rank's row ends and context lengths; a dense layer takes a
+`ContextParallelGroup` (this rank's view and its process group) and runs `sharded_topk` in
+place of its single-rank top-k. Two-level stacks (candidate source and consumers) and the
+runner still refuse dcp_world_size > 1.
 """
 
 from __future__ import annotations
@@ -42,12 +45,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ContextParallel",
+    "ContextParallelGroup",
     "exchange_topk",
     "global_positions",
     "local_lengths",
     "local_positions",
     "local_topk",
     "merge_topk",
+    "sharded_topk",
 ]
 
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -358,3 +363,75 @@ def exchange_topk(
     _all_gather(gathered, packed.contiguous(), w, group)
     both = gathered.view(w, rows, 2 * k)
     return both[:, :, :k].view(torch.float32), both[:, :, k:]
+
+
+def _group_rank(group: ProcessGroup | None) -> int:
+    return int(torch.distributed.get_rank(group))
+
+
+@dataclass(frozen=True)
+class ContextParallelGroup:
+    """What a layer needs to exchange its top-k across the ranks: this rank's `ctx` and the
+    `torch.distributed` process group of its `ctx.world_size` ranks (None: the default group).
+
+    Checked once at construction (so no step pays for it): with world_size > 1
+    torch.distributed must be initialized, the group must have world_size ranks and this
+    process must be rank `ctx.rank` in it. With world_size 1 nothing is communicated.
+    """
+
+    ctx: ContextParallel
+    group: ProcessGroup | None = None
+
+    def __post_init__(self) -> None:
+        _check_ctx(self.ctx)
+        if self.ctx.world_size == 1:
+            return
+        dist = torch.distributed
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError(
+                f"ctx.world_size = {self.ctx.world_size} needs an initialized torch.distributed "
+                "process group (torch.distributed.init_process_group)"
+            )
+        w, rank = _group_size(self.group), _group_rank(self.group)
+        if (w, rank) != (self.ctx.world_size, self.ctx.rank):
+            raise ValueError(
+                f"ctx has world_size {self.ctx.world_size} and rank {self.ctx.rank}, but the "
+                f"group has {w} ranks and this process is rank {rank}"
+            )
+
+    def check(self, config: IndexerConfig) -> None:
+        """Refuse a group whose sharding is not the config's (`ContextParallel.from_config`)."""
+        want = ContextParallel.from_config(config)
+        if self.ctx != want:
+            raise ValueError(
+                f"dcp has {self.ctx}, but the config's dcp fields give {want} "
+                f"(dcp_world_size = {config.dcp_world_size}, dcp_rank = {config.dcp_rank}, "
+                f"interleave {config.dcp_interleave_size})"
+            )
+
+
+def sharded_topk(
+    dcp: ContextParallelGroup,
+    logits: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+) -> None:
+    """The global top-k of each row from every rank's local logits, on every rank alike.
+
+    logits float32 `[rows, width]` over this rank's local indices, lengths int32 `[rows]`
+    its local row ends (as `local_topk`). Writes `out` int32 `[rows, k]`: the global
+    positions of the row's k best (larger score first, ties to the smaller position), -1
+    padded, identical on every rank of `dcp.group` and equal to the single-rank top-k in that
+    order. Every rank must call it with the same rows and k (one all-gather).
+    """
+    if not isinstance(dcp, ContextParallelGroup):
+        raise ValueError(f"dcp must be a ContextParallelGroup, got {type(dcp).__name__}")
+    check_tensor("logits", logits, dtype=torch.float32, rank=2)
+    check_int("k", k, minimum=1)
+    rows, device = logits.shape[0], logits.device
+    positions = torch.empty((rows, k), dtype=torch.int32, device=device)
+    scores = torch.empty((rows, k), dtype=torch.float32, device=device)
+    local_topk(dcp.ctx, logits, lengths, k, positions, scores)
+    all_scores, all_positions = exchange_topk(scores, positions, dcp.group)
+    merge_topk(all_scores, all_positions, k, out)

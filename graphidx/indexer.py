@@ -12,6 +12,12 @@ topk_tokens]`) and an `IndexerWorkspace` for the same config. They fill rows
 The layers only slice the workspace and the metadata (views) and call graphidx.ops, so the
 decode path allocates no buffer itself (a kernel launcher may take per-call scratch; see
 graphidx.workspace) and is the same launch sequence on every step of a shape.
+
+Context parallel (docs/contract.md section 10): under `config.dcp_world_size` W > 1 a dense
+layer runs on one rank's share (metadata from the builder of that rank, its rank-local K
+cache) and takes `dcp`, a `graphidx.distributed.ContextParallelGroup`; its top-k is the
+exchange of the ranks' local top-k (`sharded_topk`), so every rank writes the same global
+positions, in the selection order. Candidate sources and consumers refuse W > 1.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from graphidx.config import IndexerConfig
+from graphidx.distributed import ContextParallelGroup, sharded_topk
 from graphidx.metadata import IndexerMetadata, PrefillChunk, PrefillPlan
 from graphidx.ops import (
     apply_candidate_mask,
@@ -68,6 +75,46 @@ def _check_layer_inputs(
             f"topk_indices has {topk_indices.shape[0]} rows, fewer than metadata.num_tokens "
             f"{metadata.num_tokens}"
         )
+
+
+def _check_context_parallel(
+    config: IndexerConfig, dcp: ContextParallelGroup | None, layer: str
+) -> ContextParallelGroup | None:
+    """The group a layer exchanges through: None on one rank (the single-rank path), else
+    `dcp`, which must be given and match the config's sharding."""
+    if config.dcp_world_size == 1:
+        if dcp is not None and dcp.ctx.world_size != 1:
+            raise ValueError(
+                f"dcp has world_size {dcp.ctx.world_size} but config.dcp_world_size is 1"
+            )
+        return None
+    if layer != "dense":
+        raise ValueError(
+            f"{layer}: context parallel (config.dcp_world_size = {config.dcp_world_size}) is "
+            "wired for dense indexer layers only, not yet for two-level stacks"
+        )
+    if not isinstance(dcp, ContextParallelGroup):
+        raise ValueError(
+            f"config.dcp_world_size = {config.dcp_world_size}: dcp must be a "
+            f"ContextParallelGroup (this rank and its process group), got {type(dcp).__name__}"
+        )
+    dcp.check(config)
+    return dcp
+
+
+def _row_topk(
+    logits: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+    dcp: ContextParallelGroup | None,
+    backend: str | None,
+) -> None:
+    """A dense launch's top-k: `topk_per_row` on one rank, `sharded_topk` across ranks."""
+    if dcp is None:
+        topk_per_row(logits, lengths, k, out, backend=backend)
+    else:
+        sharded_topk(dcp, logits, lengths, k, out)
 
 
 def _fill_unwritten_rows(
@@ -171,6 +218,7 @@ def dense_indexer(
     config: IndexerConfig,
     candidate_source: bool = False,
     backend: str | None = None,
+    dcp: ContextParallelGroup | None = None,
 ) -> None:
     """A layer that scores its rows' whole visible context (docs/contract.md section 6).
 
@@ -182,10 +230,17 @@ def dense_indexer(
     in the same pass and picks the step's candidate blocks: the top `candidate_topk_blocks`
     block scores per row, block ends as lengths, into `workspace.candidate_ids` (row i of
     the step at row i), for the consumers of this step.
+    `dcp`: this rank's `ContextParallelGroup`, required when `config.dcp_world_size` > 1
+    (then `kv_cache` is the rank's cache, `metadata` its builder's, and each top-k the
+    exchange across the group, identical on every rank; see the module docstring); on one
+    rank it is ignored and nothing changes.
     """
     _check_layer_inputs(metadata, q, q_scale, weights, topk_indices, workspace, config)
     if candidate_source and not config.has_candidates:
         raise ValueError("candidate_source=True needs candidate_block_size > 0 in the config")
+    group = _check_context_parallel(
+        config, dcp, "candidate_source=True" if candidate_source else "dense"
+    )
     k = config.topk_tokens
     decode = metadata.decode
     decode_rows = decode.num_rows if decode is not None else 0
@@ -200,7 +255,7 @@ def dense_indexer(
             block_scores = workspace.block_scores_view(rows, logits.shape[1])
         _dense_logits(_decode_placement(metadata), q, q_scale, weights, kv_cache, logits,
                       config, backend, block_scores)  # fmt: skip
-        topk_per_row(logits, decode.row_lens, k, topk_indices[:rows], backend=backend)
+        _row_topk(logits, decode.row_lens, k, topk_indices[:rows], group, backend)
         if block_scores is not None:
             _pick_candidate_blocks(
                 block_scores, decode.block_ends, 0, rows, workspace, config, backend
@@ -215,7 +270,7 @@ def dense_indexer(
             block_scores = workspace.block_scores_view(rows, plan.width)
         _dense_logits(_chunk_placement(chunk, plan), q, q_scale, weights, kv_cache, logits,
                       config, backend, block_scores)  # fmt: skip
-        topk_per_row(logits, plan.row_ends, k, topk_indices[start:end], backend=backend)
+        _row_topk(logits, plan.row_ends, k, topk_indices[start:end], group, backend)
         if block_scores is not None:
             _pick_candidate_blocks(
                 block_scores, plan.block_ends, start, end, workspace, config, backend
@@ -263,6 +318,7 @@ def candidate_consumer(
     `metadata.gather_launches` (one request each, its rows as one next_n sequence).
     """
     _check_layer_inputs(metadata, q, q_scale, weights, topk_indices, workspace, config)
+    _check_context_parallel(config, None, "candidate_consumer")
     if not config.sparse_logits:
         raise ValueError("candidate_consumer needs sparse_logits=True in the config")
     size = config.candidate_block_size

@@ -376,7 +376,7 @@ def test_exchange_and_merge_across_gloo_ranks(tmp_path: Path, world_size: int) -
 
 def test_context_parallel_from_the_config_and_refused_by_the_builders() -> None:
     """The config's dcp fields give each rank's `ContextParallel` (interleave defaulting to
-    C); the builders refuse W > 1 until the layers are wired to it."""
+    C); the builders refuse W > 1 for two-level stacks (dense layers: test_dcp_dense.py)."""
     from graphidx.builder import IndexerMetadataBuilder
     from graphidx.config import IndexerConfig
     from graphidx.distributed import ContextParallel
@@ -387,5 +387,5 @@ def test_context_parallel_from_the_config_and_refused_by_the_builders() -> None:
     assert ContextParallel.from_config(config.replace(dcp_interleave=64)).interleave == 64
     single = ContextParallel.from_config(IndexerConfig.cpu_demo())
     assert (single.world_size, single.rank) == (1, 0)
-    with pytest.raises(ValueError, match="context parallel is not wired"):
+    with pytest.raises(ValueError, match="not yet for two-level"):
         IndexerMetadataBuilder(config, "cpu")

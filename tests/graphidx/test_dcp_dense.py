@@ -1,0 +1,483 @@
+"""Context parallel, dense layers end to end on the CPU (docs/contract.md section 10).
+
+One random step at a time (`graphidx.testing.StepGenerator`: uniform, ragged, padded, runtime
+padding forms, mixed and pure prefill; next_n 1 and 2; R 1 and 4), the single-rank K cache is
+sharded into W rank caches holding the same bytes (`shard_kv_cache`), every rank plans its
+share with its own builder and runs `dense_indexer` with a `ContextParallelGroup` over gloo,
+and every rank's top-k must equal the W = 1 top-k on every row, exactly: the W = 1 layer runs
+with its top-k in the selection order (larger score first, ties to the smaller position:
+`local_topk` of one rank), since ReLU scores tie often (at 0) and the single-rank kernels
+may break ties any way.
+Eager widths, FULL-graph widths and the captured uniform-decode metadata (`uniform_decode`)
+are all covered. Bad configurations raise ValueError before any kernel runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from graphidx.batch import StepBatch
+from graphidx.builder import CandidateIndexerMetadataBuilder, IndexerMetadataBuilder
+from graphidx.config import IndexerConfig, cdiv
+from graphidx.distributed import (
+    ContextParallel,
+    ContextParallelGroup,
+    global_positions,
+    local_lengths,
+    local_topk,
+)
+from graphidx.indexer import candidate_consumer, dense_indexer
+from graphidx.mxfp4 import cache_layout
+from graphidx.mxfp4.layout import entry_offsets
+from graphidx.runner import IndexerStack, LayerInput
+from graphidx.testing import StepCase, StepGenerator
+from graphidx.workspace import IndexerWorkspace
+
+BACKEND = "reference"
+NUM_PAGES = 96
+KINDS = (
+    "decode",
+    "ragged",
+    "padded",
+    "mixed",
+    "prefill",
+    "pad-vllm-zero",
+    "pad-vllm-arange",
+    "pad-sglang-fill1",
+)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One model shape and sharding: the W = 1 config's fields, the interleave S, a seed."""
+
+    name: str
+    next_n: int
+    ratio: int
+    interleave: int
+    seed: int
+    max_context: int
+
+    def config(self, world_size: int = 1, rank: int = 0) -> IndexerConfig:
+        return IndexerConfig(
+            num_heads=4,
+            head_dim=64,
+            compress_ratio=self.ratio,
+            block_size=64 * self.ratio,
+            max_model_len=2048 * self.ratio,
+            num_speculative_tokens=self.next_n - 1,
+            topk_tokens=32,
+            max_logits_bytes=48 * 1024,  # prefill chunks get cut
+            max_num_seqs=8,
+            max_num_batched_tokens=128,
+            dcp_world_size=world_size,
+            dcp_rank=rank,
+            dcp_interleave=self.interleave if world_size > 1 else 0,
+        )
+
+    def generator(self) -> StepGenerator:
+        return StepGenerator(
+            self.config(),
+            IndexerStack(dense=1),
+            num_pages=NUM_PAGES,
+            seed=self.seed,
+            max_context=self.max_context,
+        )
+
+
+SETUPS = (
+    Setup("spec2-s1", next_n=2, ratio=1, interleave=1, seed=11, max_context=1500),
+    Setup("r4-s16", next_n=1, ratio=4, interleave=16, seed=12, max_context=6000),
+    Setup("spec2-s64", next_n=2, ratio=1, interleave=64, seed=13, max_context=2000),
+)
+
+
+# --- the rank-local cache ---------------------------------------------------------------------
+
+
+def shard_kv_cache(
+    config: IndexerConfig,
+    ctx: ContextParallel,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `ctx.rank`'s share of a single-rank paged cache, as an ordinary paged cache.
+
+    `block_table` `[reqs, cols]` and `context_lens` (compressed entries per request; 0 for a
+    request that reads nothing) describe the single-rank cache. Request i's owned positions
+    p < context_lens[i] move to local index l (`global_positions(ctx, l) = p`) on fresh pages
+    of the rank's cache (page 0 is left empty, for the runtimes' padding forms), entry bytes
+    copied as they are. Returns `(rank_cache, rank_table)`: the table keeps the single-rank
+    table's width (unused columns page 0), so the batch validation that counts single-rank
+    pages accepts it.
+    """
+    layout = cache_layout(config.num_heads, config.head_dim, config.page_entries)
+    values, scales = entry_offsets(layout)
+    pe = config.page_entries
+    local_lens = [ctx.local_count(n) for n in context_lens]
+    table = torch.zeros_like(block_table)
+    next_page = 1
+    for i, n in enumerate(local_lens):
+        pages = cdiv(n, pe)
+        table[i, :pages] = torch.arange(next_page, next_page + pages, dtype=table.dtype)
+        next_page += pages
+    rank_cache = torch.zeros(next_page, kv_cache.shape[1], dtype=torch.uint8)
+    for i, n in enumerate(local_lens):
+        local = torch.arange(n, dtype=torch.int64)
+        glob = global_positions(ctx, local)
+        src_page = block_table[i].to(torch.int64)[glob // pe].unsqueeze(1)
+        dst_page = table[i].to(torch.int64)[local // pe].unsqueeze(1)
+        for offsets in (values, scales):
+            rank_cache[dst_page, offsets[local % pe]] = kv_cache[src_page, offsets[glob % pe]]
+    return rank_cache, table
+
+
+def rank_batch(
+    batch: StepBatch, config: IndexerConfig, table: torch.Tensor, num_pages: int
+) -> StepBatch:
+    """The step as one rank sees it: the same lengths and offsets, its block table."""
+    return StepBatch(
+        batch.query_start_loc_cpu,
+        batch.seq_lens_upper_bound,
+        batch.query_start_loc,
+        batch.seq_lens,
+        table,
+        config=config,
+        num_tokens=batch.num_tokens,
+        num_pages=num_pages,
+        num_real_reqs=batch.num_real_reqs,
+    )
+
+
+def request_contexts(batch: StepBatch) -> list[int]:
+    """Compressed entries each request may read (0 for runtime padding requests)."""
+    lens = (batch.seq_lens // batch.config.compress_ratio).tolist()
+    return [n if i < batch.num_real_reqs else 0 for i, n in enumerate(lens)]
+
+
+# --- running one layer ------------------------------------------------------------------------
+
+
+def run_dense(
+    config: IndexerConfig,
+    batch: StepBatch,
+    kv_cache: torch.Tensor,
+    layer: LayerInput,
+    *,
+    full_graph: bool,
+    dcp: ContextParallelGroup | None = None,
+) -> torch.Tensor:
+    """One dense layer's top-k for `batch` through a fresh builder (eager or FULL widths)."""
+    builder = IndexerMetadataBuilder(
+        config, "cpu", num_pages=kv_cache.shape[0], full_graph_decode=full_graph
+    )
+    metadata = builder.build(batch)
+    return _layer(config, metadata, kv_cache, layer, dcp)
+
+
+def run_captured(
+    config: IndexerConfig,
+    batch: StepBatch,
+    kv_cache: torch.Tensor,
+    layer: LayerInput,
+    dcp: ContextParallelGroup | None = None,
+) -> torch.Tensor:
+    """A uniform decode step through `uniform_decode` (the captured shape's metadata, derived
+    on the device), its last request declared padding by the live count."""
+    builder = IndexerMetadataBuilder(config, "cpu", num_pages=kv_cache.shape[0])
+    live = torch.tensor([max(1, batch.num_reqs - 1)], dtype=torch.int32)
+    captured = builder.uniform_decode(
+        batch.num_reqs, batch.seq_lens, batch.block_table, live, backend=BACKEND
+    )
+    captured.derive()
+    return _layer(config, captured.metadata, kv_cache, layer, dcp)
+
+
+def _layer(
+    config: IndexerConfig,
+    metadata: object,
+    kv_cache: torch.Tensor,
+    layer: LayerInput,
+    dcp: ContextParallelGroup | None,
+) -> torch.Tensor:
+    workspace = IndexerWorkspace(config, "cpu")
+    out = torch.full((metadata.num_tokens, config.topk_tokens), -7, dtype=torch.int32)  # type: ignore[attr-defined]
+    dense_indexer(
+        metadata,  # type: ignore[arg-type]
+        layer.q,
+        layer.q_scale,
+        layer.weights,
+        kv_cache,
+        out,
+        workspace,
+        config=config,
+        backend=BACKEND,
+        dcp=dcp,
+    )
+    return out
+
+
+def is_uniform(case: StepCase) -> bool:
+    batch = case.batch
+    next_n = batch.config.next_n
+    return bool((batch.query_lens_cpu == next_n).all()) and batch.num_tokens == (
+        batch.num_reqs * next_n
+    )
+
+
+def step_cases(setup: Setup) -> tuple[torch.Tensor, list[StepCase]]:
+    """The setup's single-rank cache and its steps (identical in every process)."""
+    gen = setup.generator()
+    (cache,) = gen.kv_caches()
+    return cache, [gen.case(kind) for kind in KINDS]
+
+
+# --- the ranks --------------------------------------------------------------------------------
+
+
+def _rank_results(rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    results: dict[str, torch.Tensor] = {}
+    for setup in SETUPS:
+        config = setup.config(world_size, rank)
+        dcp = ContextParallelGroup(ContextParallel.from_config(config))
+        cache, cases = step_cases(setup)
+        for i, case in enumerate(cases):
+            table_cache = shard_kv_cache(
+                config, dcp.ctx, cache, case.batch.block_table, request_contexts(case.batch)
+            )
+            rank_cache, table = table_cache
+            batch = rank_batch(case.batch, config, table, rank_cache.shape[0])
+            (layer,) = case.inputs
+            for full_graph in (False, True):
+                key = f"{setup.name}/{i}/{'full' if full_graph else 'eager'}"
+                results[key] = run_dense(
+                    config, batch, rank_cache, layer, full_graph=full_graph, dcp=dcp
+                )
+            if is_uniform(case):
+                results[f"{setup.name}/{i}/captured"] = run_captured(
+                    config, batch, rank_cache, layer, dcp
+                )
+    return results
+
+
+def _check_group_refusals(rank: int, world_size: int) -> None:
+    """A group that disagrees with the process group or with the config is refused."""
+    with pytest.raises(ValueError, match="this process is rank"):
+        ContextParallelGroup(ContextParallel(world_size, (rank + 1) % world_size))
+    with pytest.raises(ValueError, match="group has"):
+        ContextParallelGroup(ContextParallel(world_size + 1, rank))
+    config = SETUPS[0].config(world_size, rank)
+    other = ContextParallelGroup(ContextParallel(world_size, rank, 2))
+    with pytest.raises(ValueError, match="dcp has"):
+        other.check(config)
+
+
+def _worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        _check_group_refusals(rank, world_size)
+        torch.save(_rank_results(rank, world_size), Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _ordered_topk(
+    logits: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> None:
+    """`topk_per_row` in the selection order (one rank's `local_topk`)."""
+    del backend
+    local_topk(ContextParallel(), logits, lengths, k, out)
+
+
+@contextmanager
+def selection_order() -> Iterator[None]:
+    """Single-rank layers pick their top-k in the selection order."""
+    with mock.patch("graphidx.indexer.topk_per_row", _ordered_topk):
+        yield
+
+
+def _single_rank_results() -> dict[str, torch.Tensor]:
+    """The W = 1 answers in the selection order, keyed as `_rank_results`."""
+    with selection_order():
+        return _single_rank_answers()
+
+
+def _single_rank_answers() -> dict[str, torch.Tensor]:
+    results: dict[str, torch.Tensor] = {}
+    for setup in SETUPS:
+        config = setup.config()
+        cache, cases = step_cases(setup)
+        for i, case in enumerate(cases):
+            (layer,) = case.inputs
+            for full_graph in (False, True):
+                key = f"{setup.name}/{i}/{'full' if full_graph else 'eager'}"
+                results[key] = run_dense(config, case.batch, cache, layer, full_graph=full_graph)
+            if is_uniform(case):
+                results[f"{setup.name}/{i}/captured"] = run_captured(
+                    config, case.batch, cache, layer
+                )
+    return results
+
+
+def _gloo_available() -> bool:
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_gloo_available())
+
+
+@pytest.mark.skipif(not _gloo_available(), reason="torch.distributed with gloo is unavailable")
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_dense_layer_across_gloo_ranks_equals_one_rank(tmp_path: Path, world_size: int) -> None:
+    import torch.multiprocessing as mp
+
+    context = mp.spawn(
+        _worker,
+        args=(world_size, str(tmp_path / "init"), str(tmp_path)),
+        nprocs=world_size,
+        join=False,
+    )
+    want = _single_rank_results()  # while the ranks run
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for proc in context.processes:
+                proc.kill()
+            pytest.fail(f"{world_size} gloo ranks did not finish within 120 s")
+    answers = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
+    assert set(answers[0]) == set(want)
+    assert any(key.endswith("/captured") for key in want)
+    for key, single in want.items():
+        first = answers[0][key]
+        for other in answers[1:]:
+            assert torch.equal(other[key], first), key  # identical on every rank
+        assert torch.equal(first, single), key
+
+
+# --- in one process ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setup", SETUPS, ids=lambda s: s.name)
+def test_builder_plans_the_rank_local_lengths(setup: Setup) -> None:
+    """Each rank's builder holds `local_lengths` of the single-rank context lengths, decode
+    row ends and prefill row ends, and rank-local logits widths; the ranks' shares sum to
+    the single-rank values."""
+    cache, cases = step_cases(setup)
+    for case in cases:
+        single = IndexerMetadataBuilder(setup.config(), "cpu").build(case.batch)
+        totals = torch.zeros_like(single.context_lens)
+        for rank in range(3):
+            config = setup.config(3, rank)
+            ctx = ContextParallel.from_config(config)
+            _, table = shard_kv_cache(
+                config, ctx, cache, case.batch.block_table, request_contexts(case.batch)
+            )
+            got = IndexerMetadataBuilder(config, "cpu").build(
+                rank_batch(case.batch, config, table, 1000)
+            )
+            assert torch.equal(got.context_lens, local_lengths(ctx, single.context_lens))
+            totals += got.context_lens
+            if single.decode is not None:
+                assert got.decode is not None
+                assert torch.equal(got.decode.row_lens, local_lengths(ctx, single.decode.row_lens))
+                assert got.decode.width == max(1, ctx.local_count(single.decode.width or 0))
+            assert len(got.plans) == len(single.plans)
+            for mine, one in zip(got.plans, single.plans, strict=True):
+                assert torch.equal(mine.row_ends, local_lengths(ctx, one.row_ends))
+                assert mine.width == ctx.local_count(one.width)
+        assert torch.equal(totals, single.context_lens)
+
+
+def test_bad_configurations_raise(gen: torch.Generator) -> None:
+    setup = SETUPS[0]
+    with pytest.raises(ValueError, match="dcp_rank"):
+        setup.config(2, 2)
+    # Two-level stacks are not wired: refused by the builders.
+    two_level = IndexerConfig.cpu_demo(dcp_world_size=2, dcp_rank=1)
+    for builder in (IndexerMetadataBuilder, CandidateIndexerMetadataBuilder):
+        with pytest.raises(ValueError, match="two-level"):
+            builder(two_level, "cpu")
+    # A rank-local page the cache layout cannot tile.
+    with pytest.raises(ValueError, match="rank-local cache cannot be tiled"):
+        IndexerMetadataBuilder(
+            IndexerConfig(num_heads=8, head_dim=64, block_size=16, dcp_world_size=2), "cpu"
+        )
+    # A group needs an initialized process group.
+    with pytest.raises(ValueError, match="initialized"):
+        ContextParallelGroup(ContextParallel(2, 0))
+
+    cache, cases = step_cases(setup)
+    case = cases[0]
+    (layer,) = case.inputs
+    config = setup.config(2, 0)
+    ctx = ContextParallel.from_config(config)
+    rank_cache, table = shard_kv_cache(
+        config, ctx, cache, case.batch.block_table, request_contexts(case.batch)
+    )
+    batch = rank_batch(case.batch, config, table, rank_cache.shape[0])
+    builder = IndexerMetadataBuilder(config, "cpu", num_pages=rank_cache.shape[0])
+    metadata = builder.build(batch)
+    workspace = IndexerWorkspace(config, "cpu")
+    out = torch.empty(metadata.num_tokens, config.topk_tokens, dtype=torch.int32)
+
+    def run(**kwargs: object) -> None:
+        dense_indexer(
+            metadata, layer.q, layer.q_scale, layer.weights, rank_cache, out, workspace,
+            config=config, backend=BACKEND, **kwargs,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match="dcp must be a ContextParallelGroup"):
+        run()
+    with pytest.raises(ValueError, match="dcp must be a ContextParallelGroup"):
+        run(dcp=ctx)
+    with pytest.raises(ValueError, match="dcp has"):
+        run(dcp=ContextParallelGroup(ContextParallel()))
+    # One rank: a group of another world size is refused, a single-rank one changes nothing.
+    single = setup.config()
+    single_builder = IndexerMetadataBuilder(single, "cpu")
+    single_metadata = single_builder.build(case.batch)
+    want = run_dense(single, case.batch, cache, layer, full_graph=False)
+    got = _layer(single, single_metadata, cache, layer, ContextParallelGroup(ContextParallel()))
+    assert torch.equal(got, want)
+
+    # Candidate sources and consumers refuse W > 1 (the config with candidate blocks but no
+    # sparse logits is accepted by the builder; its layers are not wired).
+    blocks = config.replace(candidate_block_size=8, candidate_topk_blocks=4, dcp_interleave=8)
+    blocks_builder = IndexerMetadataBuilder(blocks, "cpu", num_pages=rank_cache.shape[0])
+    blocks_metadata = blocks_builder.build(
+        rank_batch(case.batch, blocks, table, rank_cache.shape[0])
+    )
+    blocks_workspace = IndexerWorkspace(blocks, "cpu")
+    with pytest.raises(ValueError, match="candidate_source=True: context parallel"):
+        dense_indexer(
+            blocks_metadata, layer.q, layer.q_scale, layer.weights, rank_cache, out,
+            blocks_workspace, config=blocks, candidate_source=True, backend=BACKEND,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="candidate_consumer: context parallel"):
+        candidate_consumer(
+            blocks_metadata, layer.q, layer.q_scale, layer.weights, rank_cache, out,
+            blocks_workspace, config=blocks, resolve_pool=True, backend=BACKEND,
+        )  # fmt: skip
