@@ -38,6 +38,7 @@ import torch
 
 from graphidx.config import IndexerConfig
 from graphidx.mxfp4 import CacheLayout, cache_layout
+from graphidx.ops.backend import run_op
 from graphidx.ops.validate import check_int, check_tensor
 
 if TYPE_CHECKING:
@@ -318,6 +319,31 @@ def _all_gather(out: torch.Tensor, inp: torch.Tensor, w: int, group: ProcessGrou
     dist.all_gather(list(out.view(w, *inp.shape).unbind(0)), inp, group=group)
 
 
+# The all-gather runs as one custom op (so a capture records it as one entry whose body,
+# the collective and its wait, runs again at replay). An op's schema cannot carry a process
+# group, so the op names it by a key: "" for the default group, else the group's name.
+_GROUPS: dict[str, ProcessGroup | None] = {"": None}
+
+
+def _group_key(group: ProcessGroup | None) -> str:
+    """The key the exchange op resolves `group` by (the group registered under it)."""
+    if group is None:
+        return ""
+    key = str(group.group_name)
+    _GROUPS[key] = group
+    return key
+
+
+def _all_gather_body(out: torch.Tensor, inp: torch.Tensor, group_key: str) -> None:
+    group = _GROUPS[group_key]
+    _all_gather(out, inp, _group_size(group), group)
+
+
+_all_gather_op = torch.library.custom_op(
+    "graphidx::dcp_all_gather", _all_gather_body, mutates_args=("out",)
+)
+
+
 def exchange_topk(
     local_scores: torch.Tensor,
     local_positions: torch.Tensor,
@@ -329,9 +355,11 @@ def exchange_topk(
     positions in, `[W, rows, k]` scores and positions out (indexed by rank in `group`).
 
     One collective (the two tensors travel packed as int32) through `torch.distributed` on
-    `group` (None = the default group): NCCL/RCCL on GPUs, gloo on CPUs. With W = 1 (one
-    rank, or torch.distributed not initialized) it returns views of the inputs and does not
-    communicate. `ctx`, when given, must match the group's size and this rank's place in it.
+    `group` (None = the default group): NCCL/RCCL on GPUs, gloo on CPUs, as one custom op
+    (`graphidx::dcp_all_gather`) that a capture records as one entry, the collective and
+    its wait inside. With W = 1 (one rank, or torch.distributed not initialized) it returns
+    views of the inputs and does not communicate. `ctx`, when given, must match the group's
+    size and this rank's place in it.
     """
     check_tensor("local_scores", local_scores, dtype=torch.float32, rank=2)
     rows, k = local_scores.shape
@@ -360,7 +388,10 @@ def exchange_topk(
         return local_scores.new_empty((w, 0, k)), local_positions.new_empty((w, 0, k))
     packed = torch.cat([local_scores.view(torch.int32), local_positions], dim=1)
     gathered = torch.empty((w * rows, 2 * k), dtype=torch.int32, device=device)
-    _all_gather(gathered, packed.contiguous(), w, group)
+    run_op(
+        torch.ops.graphidx.dcp_all_gather, _all_gather_body, gathered, packed.contiguous(),
+        _group_key(group),
+    )  # fmt: skip
     both = gathered.view(w, rows, 2 * k)
     return both[:, :, :k].view(torch.float32), both[:, :, k:]
 
