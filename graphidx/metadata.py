@@ -123,7 +123,10 @@ class DecodeMetadata:
     `width`: the decode logits columns the layers score — None means the config's full
     `logits_width`, which is what a FULL graph must use (it is replayed for any context); an
     eager builder narrows it to the step's widest row end so that the kernels' grids and the
-    top-k shrink with the step. `request_rows`: set when the rows are grouped by device row
+    top-k shrink with the step. Under context parallel (docs/contract.md section 10) widths
+    are the rank's share and a FULL graph's is `local_count(logits_width)`, an int. Row ends,
+    context lengths and block ends are then rank-local too. `request_rows`: set when the rows
+    are grouped by device row
     offsets (see `RequestRows`); then `native` is None and there is no schedule.
     """
 
