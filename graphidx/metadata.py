@@ -126,8 +126,8 @@ class DecodeMetadata:
     top-k shrink with the step. Under context parallel (docs/contract.md section 10) widths
     are the rank's share and a FULL graph's is `local_count(logits_width)`, an int. Row ends,
     context lengths and block ends are then rank-local too. `request_rows`: set when the rows
-    are grouped by device row
-    offsets (see `RequestRows`); then `native` is None and there is no schedule.
+    are grouped by device row offsets (see `RequestRows`); then `native` is None and there
+    is no schedule.
     """
 
     row_lens: torch.Tensor
