@@ -2,9 +2,9 @@
 
 A graph bakes in tensor addresses, so everything that changes per step lives in a buffer
 allocated once at its maximum size; a step writes its values into the first rows in place
-and the graph reads `view(name, rows)`. `addresses()` lets `GraphCache` check before every
-replay that no buffer was reallocated since capture; `freeze()` (done by `GraphCache` at the
-first capture) forbids adding buffers afterwards.
+and the graph reads `view(name, rows)`. `fingerprint()` lets `GraphCache` check before every
+replay that no buffer was reallocated since capture (`addresses()` names a moved one);
+`freeze()` (done by `GraphCache` at the first capture) forbids adding buffers afterwards.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ class StaticBuffers:
         """`device`: where every buffer lives (anything `torch.device` accepts)."""
         self._device = torch.device(device)
         self._tensors: dict[str, torch.Tensor] = {}
+        self._in_order: list[torch.Tensor] = []
         self._frozen = False
 
     @property
@@ -67,6 +68,7 @@ class StaticBuffers:
         else:
             tensor = torch.full(size, fill, dtype=dtype, device=self._device)
         self._tensors[name] = tensor
+        self._in_order.append(tensor)
         return tensor
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -112,6 +114,11 @@ class StaticBuffers:
     def addresses(self) -> dict[str, int]:
         """`data_ptr()` of every buffer, by name: what a captured graph depends on."""
         return {name: t.data_ptr() for name, t in self._tensors.items()}
+
+    def fingerprint(self) -> tuple[int, ...]:
+        """`data_ptr()` of every buffer in the order added: `addresses()` without the names,
+        cheap enough to compare before every replay."""
+        return tuple(map(torch.Tensor.data_ptr, self._in_order))
 
     def freeze(self) -> None:
         """Forbid `add` from now on (idempotent)."""

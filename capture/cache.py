@@ -135,6 +135,7 @@ class _CachedGraph:
     graph: CapturedGraph
     stats: GraphStats
     addresses: dict[str, int] | None
+    fingerprint: tuple[int, ...] | None
 
 
 class GraphCache:
@@ -233,6 +234,7 @@ class GraphCache:
             graph,
             GraphStats(warmup_seconds, capture_seconds, graph.num_bytes, graph.num_ops),
             addresses,
+            None if self._buffers is None else self._buffers.fingerprint(),
         )
 
     def capture_all(
@@ -281,13 +283,12 @@ class GraphCache:
         if in_capture_phase():
             raise CaptureError(f"replay of {shape!r} inside a capture phase")
         cached = self._lookup(shape)
-        if cached.addresses is not None:
-            now = self._addresses()
-            if now != cached.addresses:
-                raise CaptureError(
-                    f"cannot replay {shape.label}: buffers moved since capture: "
-                    f"{_moved(cached.addresses, now or {})}"
-                )
+        buffers = self._buffers
+        if buffers is not None and buffers.fingerprint() != cached.fingerprint:
+            raise CaptureError(
+                f"cannot replay {shape.label}: buffers moved since capture: "
+                f"{_moved(cached.addresses or {}, buffers.addresses())}"
+            )
         cached.graph.replay()
         cached.stats.replays += 1
 

@@ -189,6 +189,10 @@ class IndexerGraphRunner:
         self._padded: dict[int, StepShape | None] = {}
         self._offset_ramp: np.ndarray | None = None  # 0, next_n, 2 next_n, ... (`_uniform_offsets`)
         self._views: dict[int, tuple[LayerInput, ...]] = {}
+        self._topk_views: dict[int, torch.Tensor] = {}
+        # The live-request count last written to the device (None: unknown): a step with the
+        # same count skips the write.
+        self._live_written: int | None = None
         self._warned_above_largest = False
         self._decode_layers = self._compiled_layers(compile_layers, compile_backend, graph_backend)
 
@@ -328,7 +332,7 @@ class IndexerGraphRunner:
         b = self.buffers
         b["seq_lens"][:reqs].fill_(self.config.next_n)
         b["block_table"][:reqs].zero_()
-        b["num_live_reqs"].fill_(reqs)
+        self._write_live_count(reqs)
         if self._rows_from_device:
             next_n = self.config.next_n
             b["query_start_loc"][: reqs + 1].copy_(
@@ -443,7 +447,9 @@ class IndexerGraphRunner:
                 padded,
                 "" if replay else f" ({reason})",
             )
-        topk = self.buffers["topk"][:, :num_real]
+        topk = self._topk_views.get(num_real)
+        if topk is None:
+            topk = self._topk_views[num_real] = self.buffers["topk"][:, :num_real]
         return StepResult(topk, shape, replay, padded, seconds, None if replay else reason)
 
     def _count(self, replay: bool, padded: int, reason: str | None) -> None:
@@ -542,11 +548,18 @@ class IndexerGraphRunner:
         _copy_rows(b["block_table"], batch.block_table, live)
         if self._rows_from_device:
             _copy_rows(b["query_start_loc"], batch.query_start_loc, live + 1)
-        b["num_live_reqs"].fill_(live)
+        self._write_live_count(live)
         for i, inp in enumerate(layer_inputs or ()):
             _copy_rows(b[f"q.{i}"], inp.q, num_real)
             _copy_rows(b[f"q_scale.{i}"], inp.q_scale, num_real)
             _copy_rows(b[f"weights.{i}"], inp.weights, num_real)
+
+    def _write_live_count(self, live: int) -> None:
+        """Write the live-request count the graphs read, unless the device holds it already
+        (only the runner writes that buffer)."""
+        if live != self._live_written:
+            self.buffers["num_live_reqs"].fill_(live)
+            self._live_written = live
 
     def _run_layers(
         self, metadata: IndexerMetadata, layer_inputs: Sequence[LayerInput] | None = None

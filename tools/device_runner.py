@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,13 +43,10 @@ def _sorted(topk: torch.Tensor) -> torch.Tensor:
     return torch.sort(topk.long(), -1).values
 
 
-def _profile_eager(  # type: ignore[no-untyped-def]
+def _profile_eager(
     runner, reqs: int, config: IndexerConfig, pages_per_req: int, num_pages: int, gen
 ) -> None:
     """Where an eager padded step's host time goes: cProfile of 20 steps, top functions."""
-    import cProfile
-    import pstats
-
     table = torch.arange(reqs * pages_per_req, dtype=torch.int32).view(reqs, pages_per_req)
     batch = StepBatch.from_lists(
         config,
@@ -58,16 +57,62 @@ def _profile_eager(  # type: ignore[no-untyped-def]
         device="cuda",
     )
     views = runner.input_views(reqs * config.next_n)
+    _cprofile(lambda: runner.step(batch, views, force_eager=True, synchronize=True), 20, 25)
+
+
+def _per_call_us(fn: Callable[[], object], calls: int = 200) -> float:
+    """Median host microseconds of one `fn()` call, each timed alone (no synchronization)."""
+    times = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - began) * 1e6)
+    return statistics.median(times)
+
+
+def _cprofile(fn: Callable[[], object], calls: int, top: int) -> None:
+    import cProfile
+    import pstats
+
     profiler = cProfile.Profile()
     profiler.enable()
-    for _ in range(20):
-        runner.step(batch, views, force_eager=True, synchronize=True)
+    for _ in range(calls):
+        fn()
     profiler.disable()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
+def _profile_host(runner, batch: StepBatch, views, shape) -> dict[str, float]:
+    """Where a replayed step's host microseconds go: each part timed alone, then cProfile."""
+    graph = runner.graphs._lookup(shape).graph
+    live = runner.buffers["num_live_reqs"]
+    parts = {
+        "synchronize_idle": lambda: torch.cuda.synchronize(),
+        "fill_live_count": lambda: live.fill_(batch.num_real_reqs),
+        "check_batch": lambda: runner._check_batch(batch),
+        "buffer_addresses": lambda: runner.graphs._addresses(),
+        "raw_graph_replay_launch": graph.replay,
+        "cache_replay_launch": lambda: runner.graphs.replay(shape),
+        "step_no_sync": lambda: runner.step(batch, views),
+    }
+    figures = {}
+    for name, fn in parts.items():
+        torch.cuda.synchronize()
+        figures[name] = _per_call_us(fn, 100 if "replay" in name or "step" in name else 300)
+        torch.cuda.synchronize()
+    for name, value in figures.items():
+        print(f"  host {name}: {value:.1f} us", flush=True)
+    _cprofile(lambda: runner.step(batch, views, synchronize=True), 200, 18)
+    return figures
 
 
 def bench_step(
-    preset: str, context: int, batches: tuple[int, ...], repeat: int, profile: bool = False
+    preset: str,
+    context: int,
+    batches: tuple[int, ...],
+    repeat: int,
+    profile: bool = False,
+    profile_host: bool = False,
 ) -> dict[str, object]:
     device = torch.device("cuda")
     config, stack = step_preset(preset, context, max(batches))
@@ -156,6 +201,8 @@ def bench_step(
         runner.graphs.replay = lambda shape: None  # type: ignore[method-assign]
         row["host_only_ms"] = median_ms(lambda: runner.step(batch_in_place, views), False, repeat)  # noqa: B023
         runner.graphs.replay = replay  # type: ignore[method-assign]
+        if profile_host and b == batches[0]:
+            row["host_parts_us"] = _profile_host(runner, batch_in_place, views, shape)
         rows.append(row)
         print(
             f"{preset} ctx {context} batch {b:>3}: step {row['step_copied_ms']:.3f} / in place "
@@ -178,7 +225,7 @@ def bench_step(
     )
 
 
-def bench_eager_topk(repeat: int) -> dict[str, float]:
+def bench_eager_topk(repeat: int, profile: bool = False) -> dict[str, float]:
     """One eager `topk_per_row` call (wall, synchronized) beside the same call replayed."""
     from graphidx.ops import topk_per_row
 
@@ -193,10 +240,38 @@ def bench_eager_topk(repeat: int) -> dict[str, float]:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
-    return {
+    figures = {
         "eager_call_ms": median_ms(call, False, repeat),
         "graph_ms": median_ms(graph.replay, True, repeat),
+        "eager_call_no_sync_us": _per_call_us(call, 100),
     }
+    if profile:
+        figures.update(_launch_floor(logits, lengths, out))
+        for name, value in figures.items():
+            print(f"  topk {name}: {value:.4g}", flush=True)
+        _cprofile(call, 200, 18)
+    return figures
+
+
+def _launch_floor(logits: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor) -> dict:
+    """Host microseconds of launching a trivial Triton kernel of the top-k's argument count:
+    through `kernel[grid](...)` and through the compiled kernel's own launcher."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def touch(src, lens, dst, scratch, s0, s1, width, k, A: tl.constexpr, B: tl.constexpr):
+        tl.store(dst + tl.program_id(0), tl.load(lens + tl.program_id(0)))
+
+    args = (logits, lengths, out, out, logits.stride(0), out.stride(0), logits.shape[1], 2048)
+    grid = (1, 1, 1)
+    compiled = touch[grid](*args, A=1, B=2)
+    torch.cuda.synchronize()
+    jit_us = _per_call_us(lambda: touch[grid](*args, A=1, B=2), 300)
+    launch = compiled[grid]
+    direct_us = _per_call_us(lambda: launch(*args, 1, 2), 300)
+    torch.cuda.synchronize()
+    return {"triton_launch_us": jit_us, "compiled_launch_us": direct_us}
 
 
 def main() -> int:
@@ -208,6 +283,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--skip-harness", action="store_true")
     parser.add_argument("--profile-eager", action="store_true")
+    parser.add_argument(
+        "--profile-host", action="store_true", help="time the replayed step's host parts"
+    )
     parser.add_argument("--out", default="out")
     args = parser.parse_args()
     out = Path(args.out)
@@ -224,11 +302,18 @@ def main() -> int:
         )
         print(f"harness: {mismatches} mismatches, {time.perf_counter() - start:.1f} s", flush=True)
     results = [
-        bench_step(preset, context, tuple(args.batches), args.repeat, args.profile_eager)
+        bench_step(
+            preset,
+            context,
+            tuple(args.batches),
+            args.repeat,
+            args.profile_eager,
+            args.profile_host,
+        )
         for preset in args.preset
         for context in args.context
     ]
-    topk = bench_eager_topk(args.repeat)
+    topk = bench_eager_topk(args.repeat, args.profile_host)
     (out / "device_runner.json").write_text(
         json.dumps(
             {"steps": results, "eager_topk": topk, "harness_mismatches": mismatches},
