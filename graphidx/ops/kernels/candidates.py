@@ -20,6 +20,7 @@ import triton.language as tl
 
 from graphidx.config import cdiv
 from graphidx.ops.kernels import next_power_of_2
+from graphidx.ops.kernels.launch import launch
 
 INT32_MAX = 2**31 - 1
 _INT32_MAX_TL = tl.constexpr(INT32_MAX)
@@ -113,7 +114,9 @@ def resolve_candidate_pool(
     rows, pool_blocks = block_ids.shape
     if rows == 0:
         return
-    _resolve_pool_kernel[(rows,)](
+    launch(
+        _resolve_pool_kernel,
+        (rows,),
         block_ids,
         row_ends,
         positions,
@@ -140,7 +143,9 @@ def apply_candidate_mask(
         return
     starts = next_power_of_2(max(positions.shape[1], 2))
     sorted_starts = torch.empty((rows, starts), dtype=torch.int32, device=logits.device)
-    _sort_starts_kernel[(rows,)](
+    launch(
+        _sort_starts_kernel,
+        (rows,),
         positions,
         sorted_starts,
         positions.stride(0),
@@ -149,7 +154,9 @@ def apply_candidate_mask(
         SENTINEL=INT32_MAX,
         num_warps=4,
     )
-    _mask_columns_kernel[(rows, cdiv(width, MASK_BLOCK))](
+    launch(
+        _mask_columns_kernel,
+        (rows, cdiv(width, MASK_BLOCK)),
         logits,
         sorted_starts,
         logits.stride(0),

@@ -32,6 +32,7 @@ from graphidx.ops.kernels import (
     require_bf16_tensor_cores,
 )
 from graphidx.ops.kernels.fp8_tl import fp8_operand, fp8_queries
+from graphidx.ops.kernels.launch import launch
 from graphidx.ops.kernels.mxfp4_tl import (
     BF16X2_OPERANDS,
     LINE_ENTRIES,
@@ -462,7 +463,7 @@ def gather_mqa_logits(
         return
     qsl = query_start_loc if query_start_loc is not None else context_lens
     grid = (rows, cdiv(out_width, cfg.split))
-    _gather_logits_kernel[grid](
+    launch(_gather_logits_kernel, grid,
         q, q_scale, kv_words, weights, context_lens, block_table, positions, live_cols, out, qsl,
         q.stride(0), q.stride(1), q_scale.stride(0), q_scale.stride(1), kv_words.stride(0),
         weights.stride(0), block_table.stride(0), positions.stride(0), out.stride(0),
@@ -507,7 +508,9 @@ def remap_compact_topk(
     if rows == 0 or k == 0:
         return
     grid = (rows, cdiv(k, REMAP_BLOCK))
-    _remap_kernel[grid](
+    launch(
+        _remap_kernel,
+        grid,
         compact_topk,
         positions,
         out,

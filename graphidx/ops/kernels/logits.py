@@ -50,6 +50,7 @@ from graphidx.ops.kernels import (
     require_bf16_tensor_cores,
 )
 from graphidx.ops.kernels.fp8_tl import fp8_operand, fp8_queries
+from graphidx.ops.kernels.launch import launch
 from graphidx.ops.kernels.mxfp4_tl import (
     BF16X2_OPERANDS,
     cache_words,
@@ -935,7 +936,7 @@ def paged_mqa_logits(
         if schedule is not None:
             split = DECODE_SPLIT_KEYS
             grid: tuple[int, ...] = (multiprocessor_count(q.device) * cfg.programs_per_sm,)
-            _logits_scheduled_kernel[grid](
+            launch(_logits_scheduled_kernel, grid,
                 q, q_scale, kv_words, weights, context_lens, block_table, row_ends, out, bs,
                 schedule, *strides, rows, num_seqs, width, cdiv(width, split),
                 ROWS_PER_SEQ=rows_per_seq, SPLIT=split, HEADER=SCHEDULE_HEADER_INTS,
@@ -949,7 +950,7 @@ def paged_mqa_logits(
                 split = DECODE_SPLIT_KEYS
                 groups = num_seqs * cdiv(rows_per_seq, cfg.block_r)
             grid = (groups, cdiv(width, split))
-            _logits_static_kernel[grid](
+            launch(_logits_static_kernel, grid,
                 q, q_scale, kv_words, weights, context_lens, block_table, row_ends, out, bs,
                 qsl, *strides, rows, num_seqs, width,
                 GROUPING=grouping, ROWS_PER_SEQ=rows_per_seq, SPLIT=split, **common,
@@ -957,7 +958,7 @@ def paged_mqa_logits(
     if clean:
         block_cols = bs.shape[1] if block_scores is not None else 0
         grid = (rows, cdiv(max(width, block_cols, 1), CLEAN_BLOCK))
-        _clean_kernel[grid](
+        launch(_clean_kernel, grid,
             out, bs, context_lens, row_ends, qsl, out.stride(0), bs.stride(0), num_seqs, width,
             block_cols, GROUPING=grouping, ROWS_PER_SEQ=rows_per_seq,
             HAS_BLOCK_SCORES=block_scores is not None, C=size, BLOCK=CLEAN_BLOCK,

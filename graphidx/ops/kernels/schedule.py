@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from graphidx.ops import schedule_format as fmt
+from graphidx.ops.kernels.launch import launch
 
 # Module globals a jit function reads must be constexprs: the schedule format's slots, for
 # this builder and for the logits kernels that read the schedule.
@@ -190,7 +191,9 @@ def _launch(
     candidate_block_size: int = 0,
 ) -> None:
     capacity = 0 if schedule is None else fmt.schedule_capacity(schedule)
-    _build_schedule_kernel[(1,)](
+    launch(
+        _build_schedule_kernel,
+        (1,),
         lens,
         lens if schedule is None else schedule,
         derived,

@@ -71,6 +71,8 @@ SCRATCH_BYTES.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +80,7 @@ import triton
 import triton.language as tl
 
 from graphidx.ops.kernels import OPERANDS_BF16X2, next_power_of_2, operand_mode
+from graphidx.ops.kernels.launch import launch
 from graphidx.ops.kernels.ptx import store_b32
 
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)
@@ -1102,40 +1105,70 @@ def collect_parts(group: int, step_groups: int, num_warps: int) -> int:
 
 
 def _launch_options(cfg: TopkConfig) -> dict[str, int]:
-    launch = {"num_warps": cfg.num_warps}
+    options = {"num_warps": cfg.num_warps}
     if cfg.max_registers is not None:
-        launch["maxnreg"] = cfg.max_registers
-    return launch
+        options["maxnreg"] = cfg.max_registers
+    return options
 
 
-def _topk_rows(
-    logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor, cfg: TopkConfig
-) -> None:
-    """P = 1: `_topk_row_kernel` over every row, in batches whose scratch fits SCRATCH_BYTES."""
-    rows, width = logits.shape
+@dataclass(frozen=True)
+class _Plan:
+    """Everything a `topk_per_row` call launches, from (k, rows, width, config) alone."""
+
+    split: int
+    batch: int
+    scratch_ints: int
+    constexprs: tuple[dict[str, int | bool], ...]  # per launch of one row batch
+    options: dict[str, int]
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(k: int, rows: int, width: int, config: TopkConfig | None) -> _Plan:
+    """The launches of `topk_per_row` for these sizes (cached: an eager call pays a lookup)."""
+    cfg = config or default_config(k, rows, width)
+    check_config(cfg, k)
     k_pad = next_power_of_2(k)
-    group = group_columns(width, cfg.groups)
-    if max(group, cfg.chunk) > MAX_STEP_COLUMNS:
-        raise ValueError(
-            f"top-k over rows of {width} columns with config.groups {cfg.groups} and "
-            f"config.chunk {cfg.chunk}: a step of the one-program path would hold "
-            f"{max(group, cfg.chunk)} columns, more than {MAX_STEP_COLUMNS}"
-        )
-    groups_pad = next_power_of_2(-(-width // group))
-    step_groups = max(1, cfg.chunk // group)
-    row_ints = cfg.capacity + k_pad + 2 * groups_pad
-    batch = max(1, SCRATCH_BYTES // (4 * row_ints))
-    scratch = torch.empty((min(rows, batch), row_ints), dtype=torch.int32, device=logits.device)
+    split = cfg.programs_per_row
+    if split == 1:
+        group = group_columns(width, cfg.groups)
+        if max(group, cfg.chunk) > MAX_STEP_COLUMNS:
+            raise ValueError(
+                f"top-k over rows of {width} columns with config.groups {cfg.groups} and "
+                f"config.chunk {cfg.chunk}: a step of the one-program path would hold "
+                f"{max(group, cfg.chunk)} columns, more than {MAX_STEP_COLUMNS}"
+            )
+        groups_pad = next_power_of_2(-(-width // group))
+        step_groups = max(1, cfg.chunk // group)
+        row_ints = cfg.capacity + k_pad + 2 * groups_pad
+        launches: tuple[dict[str, int | bool], ...] = (dict(
+            K_PAD=k_pad, CAP=cfg.capacity, G=group, SG=step_groups, NG_PAD=groups_pad,
+            ROW_INTS=row_ints, PTX=operand_mode() == OPERANDS_BF16X2, QUADS=width % 4 == 0,
+            PARTS=collect_parts(group, step_groups, cfg.num_warps),
+        ),)  # fmt: skip
+        batch = max(1, SCRATCH_BYTES // (4 * row_ints))
+    else:
+        slice_groups = cfg.groups // split
+        maxima_at = cfg.capacity + k_pad
+        row_ints = maxima_at + cfg.groups
+        shared = dict(GROUPS=cfg.groups, GS=slice_groups, BLOCKS=max(1, cfg.chunk // slice_groups),
+                      ROW_INTS=row_ints, SPLIT=split)  # fmt: skip
+        launches = (dict(shared, MAXIMA_AT=maxima_at), dict(shared, K_PAD=k_pad, CAP=cfg.capacity))
+        # Rows are the grid's second axis (at most 65535 programs there).
+        batch = min(max(1, SCRATCH_BYTES // (4 * row_ints)), 65535)
+    return _Plan(split, batch, row_ints, launches, _launch_options(cfg))
+
+
+def _row_batches(
+    rows: int, batch: int, *tensors: torch.Tensor
+) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
+    """(row count, the tensors' rows) per batch of at most `batch` rows (no views when one
+    batch holds every row)."""
+    if rows <= batch:
+        yield rows, tensors
+        return
     for first in range(0, rows, batch):
         last = min(first + batch, rows)
-        _topk_row_kernel[(last - first,)](
-            logits[first:last], lengths[first:last], out[first:last], scratch,
-            logits.stride(0), out.stride(0), width, k,
-            K_PAD=k_pad, CAP=cfg.capacity, G=group, SG=step_groups,
-            NG_PAD=groups_pad, ROW_INTS=row_ints, PTX=operand_mode() == OPERANDS_BF16X2,
-            QUADS=width % 4 == 0, PARTS=collect_parts(group, step_groups, cfg.num_warps),
-            **_launch_options(cfg),
-        )  # fmt: skip
+        yield last - first, tuple(t[first:last] for t in tensors)
 
 
 def topk_per_row(
@@ -1151,44 +1184,35 @@ def topk_per_row(
     out[r] gets the columns of the k largest of logits[r, :clamp(lengths[r], 0, W)] in any
     order, -1 padded; -inf is never picked. `config` overrides `default_config(k, rows, W)`
     (tuning hook, checked by `check_config`). Reads no device value on the host: P and every
-    size come from the shapes, so a captured launch replays correctly at any lengths.
+    size come from the shapes, so a captured launch replays correctly at any lengths. P = 1:
+    `_topk_row_kernel` per row; P > 1: `_split_floor_kernel` then `_split_collect_kernel`
+    over P programs per row. Rows go in batches whose scratch fits SCRATCH_BYTES.
     """
     rows, width = logits.shape
     if rows == 0 or k == 0:
         return
-    cfg = config or default_config(k, rows, width)
-    check_config(cfg, k)
-    k_pad = next_power_of_2(k)
-    split = cfg.programs_per_row
+    plan = _plan(k, rows, width, config)
+    device = logits.device
+    scratch = torch.empty((min(rows, plan.batch), plan.scratch_ints), dtype=torch.int32,
+                          device=device)  # fmt: skip
+    options, split = plan.options, plan.split
+    lstride, ostride = logits.stride(0), out.stride(0)
     if split == 1:
-        _topk_rows(logits, lengths, k, out, cfg)
+        (row_c,) = plan.constexprs
+        for n, (x, lens, dst) in _row_batches(rows, plan.batch, logits, lengths, out):
+            launch(_topk_row_kernel, (n,), x, lens, dst, scratch, lstride, ostride, width, k,
+                   **row_c, **options)  # fmt: skip
         return
-    slice_groups = cfg.groups // split
-    blocks = max(1, cfg.chunk // slice_groups)
-    maxima_at = cfg.capacity + k_pad
-    row_ints = maxima_at + cfg.groups
-    # Rows are the grid's second axis (at most 65535 programs there).
-    batch = min(max(1, SCRATCH_BYTES // (4 * row_ints)), 65535)
-    size = min(rows, batch)
-    scratch = torch.empty((size, row_ints), dtype=torch.int32, device=logits.device)
-    counters = torch.zeros((size, COUNTER_SLOTS.value), dtype=torch.int32, device=logits.device)
-    launch = _launch_options(cfg)
-    for first in range(0, rows, batch):
-        last = min(first + batch, rows)
-        if first > 0:
+    floor_c, collect_c = plan.constexprs
+    counters = torch.zeros((scratch.shape[0], COUNTER_SLOTS.value), dtype=torch.int32,
+                           device=device)  # fmt: skip
+    for i, (n, (x, lens, dst)) in enumerate(_row_batches(rows, plan.batch, logits, lengths, out)):
+        if i > 0:
             counters.zero_()
-        _split_floor_kernel[(split, last - first)](
-            logits[first:last], lengths[first:last], scratch, counters,
-            logits.stride(0), width, k,
-            GROUPS=cfg.groups, GS=slice_groups, BLOCKS=blocks, MAXIMA_AT=maxima_at,
-            ROW_INTS=row_ints, SPLIT=split, **launch,
-        )  # fmt: skip
-        _split_collect_kernel[(split, last - first)](
-            logits[first:last], lengths[first:last], out[first:last], scratch, counters,
-            logits.stride(0), out.stride(0), width, k,
-            K_PAD=k_pad, CAP=cfg.capacity, GROUPS=cfg.groups, GS=slice_groups, BLOCKS=blocks,
-            ROW_INTS=row_ints, SPLIT=split, **launch,
-        )  # fmt: skip
+        launch(_split_floor_kernel, (split, n), x, lens, scratch, counters, lstride, width, k,
+               **floor_c, **options)  # fmt: skip
+        launch(_split_collect_kernel, (split, n), x, lens, dst, scratch, counters, lstride,
+               ostride, width, k, **collect_c, **options)  # fmt: skip
 
 
 __all__ = ["TopkConfig", "check_config", "default_config", "split_config", "topk_per_row"]

@@ -1,0 +1,142 @@
+"""Kernel launches with little host work: `launch(kernel, grid, *args, **kwargs)`.
+
+`kernel[grid](*args, **kwargs)` costs Triton ~13 us of host time per call on the H200's host
+(binding every argument, a string cache key, knob reads, a check of the kernel's globals, the
+launch-metadata hooks), more than many of our kernels run. An eager step launches dozens.
+
+`launch` does the same launch in a few microseconds. The first call for a given
+specialization goes through Triton (`kernel[grid]`, which compiles and launches) and keeps the
+compiled kernel; later calls with the same specialization key call its launcher directly.
+The key is at least as fine as Triton's own specialization (NVIDIA backend): per tensor its
+dtype and whether its address is a multiple of 16; per int whether it equals 1, whether it is
+a multiple of 16 and whether it fits in int32 and in int64; bools by value, floats by type;
+tuples element by element; the constexpr and option keyword values; the current device.
+Whenever a key might be coarser than Triton's, the launch takes Triton's path: under the
+interpreter, on ROCm (whose backend specializes pointers on buffer ranges as well), with
+launch hooks installed (profilers such as Proton see every launch), and for any argument of
+another type.
+
+Callers pass the kernel's parameters positionally up to the first keyword and every remaining
+parameter by name; options (`num_warps`, `num_stages`, `num_ctas`, `maxnreg`) by name. A
+call that leaves a defaulted parameter out always takes Triton's path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from triton import knobs
+from triton.runtime.jit import JITFunction
+
+from graphidx.ops.backend import triton_interpreted
+
+_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg"})
+_INT32 = (-(2**31), 2**31)
+_INT64 = (-(2**63), 2**63)
+
+
+class _Compiled:
+    """One kernel's compiled variants by specialization key, its parameter names, and
+    whether `launch` may call its launchers directly (a JIT kernel on an NVIDIA GPU)."""
+
+    __slots__ = ("direct", "names", "variants")
+
+    def __init__(self, kernel: Any) -> None:
+        self.direct = (
+            isinstance(kernel, JITFunction)
+            and torch.version.hip is None
+            and not triton_interpreted()
+        )
+        self.names: tuple[str, ...] = tuple(getattr(kernel, "arg_names", ()))
+        self.variants: dict[tuple[Any, ...], Any] = {}
+
+
+_KERNELS: dict[Any, _Compiled] = {}
+
+
+def _arg_key(value: Any) -> Any:
+    """The specialization class of one runtime argument (None: not one `launch` can key)."""
+    kind = type(value)
+    if kind is torch.Tensor or isinstance(value, torch.Tensor):
+        return (value.dtype, value.data_ptr() % 16 == 0)
+    if kind is bool:
+        return ("b", value)
+    if kind is int:
+        return (
+            "i",
+            value == 1,
+            value % 16 == 0,
+            _INT32[0] <= value < _INT32[1],
+            _INT64[0] <= value < _INT64[1],
+        )
+    if kind is float:
+        return ("f",)
+    if kind is tuple:
+        keys = tuple(_arg_key(v) for v in value)
+        return None if None in keys else ("t", keys)
+    return None
+
+
+def specialization_key(
+    args: tuple[Any, ...], kwargs: dict[str, Any], device: int
+) -> tuple[Any, ...] | None:
+    """The key `launch` caches a compiled variant of a launch on CUDA device `device` under,
+    or None when the call must go through Triton (an argument whose specialization `launch`
+    does not model). Keyword values must be hashable."""
+    keys = tuple(map(_arg_key, args))
+    if None in keys:
+        return None
+    return (keys, tuple(kwargs.items()), device)
+
+
+def _hooked(hook: Any) -> bool:
+    """Whether a Triton launch hook is installed (a callable, or a non-empty hook chain)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _kernel(kernel: Any) -> _Compiled:
+    compiled = _KERNELS.get(kernel)
+    if compiled is None:
+        compiled = _KERNELS[kernel] = _Compiled(kernel)
+    return compiled
+
+
+def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+    """`kernel[grid](*args, **kwargs)`, with the host work of Triton's launch skipped once
+    this specialization ran once (module docstring). `grid`: 1 to 3 ints; `args[0]` a tensor
+    (the direct path needs it on a CUDA device)."""
+    compiled = _kernel(kernel)
+    first = args[0] if args else None
+    if (
+        not compiled.direct
+        or not isinstance(first, torch.Tensor)
+        or not first.is_cuda
+        or _hooked(knobs.runtime.launch_enter_hook)
+        or _hooked(knobs.runtime.launch_exit_hook)
+    ):
+        kernel[grid](*args, **kwargs)
+        return
+    device = torch.cuda.current_device()
+    key = specialization_key(args, kwargs, device)
+    variant = compiled.variants.get(key) if key is not None else None
+    if variant is None:
+        variant = kernel[grid](*args, **kwargs)
+        named = len(args) + sum(1 for name in kwargs if name not in _OPTIONS)
+        if key is not None and variant is not None and named == len(compiled.names):
+            variant[(1, 1, 1)]  # loads the module and function handles once
+            compiled.variants[key] = variant
+        return
+    params = args + tuple(kwargs[name] for name in compiled.names[len(args) :])
+    g0 = grid[0]
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    if g0 * g1 * g2 == 0:
+        return
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    variant.run(
+        g0, g1, g2, stream, variant.function, variant.packed_metadata, None, None, None, *params
+    )
+
+
+__all__ = ["launch", "specialization_key"]

@@ -1,0 +1,108 @@
+"""`launch`: the direct kernel launch keys every specialization Triton makes and launches
+exactly what `kernel[grid]` launches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton
+import triton.language as tl
+
+from graphidx.ops.kernels import launch as launch_module
+from graphidx.ops.kernels.launch import launch, specialization_key
+
+GPU = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.version.hip is not None, reason="needs an NVIDIA GPU"
+)
+
+
+def test_the_key_tells_every_triton_specialization_apart() -> None:
+    x = torch.zeros(64)
+    base = specialization_key((x, 5), {"BLOCK": 16}, 0)
+    variants = [
+        ((x[1:], 5), {"BLOCK": 16}, 0),  # address not a multiple of 16
+        ((x.to(torch.int32), 5), {"BLOCK": 16}, 0),  # dtype
+        ((x, 1), {"BLOCK": 16}, 0),  # an int equal to 1
+        ((x, 32), {"BLOCK": 16}, 0),  # a multiple of 16
+        ((x, 2**31 + 5), {"BLOCK": 16}, 0),  # past int32
+        ((x, 2**63 + 5), {"BLOCK": 16}, 0),  # past int64
+        ((x, True), {"BLOCK": 16}, 0),  # a bool is not an int
+        ((x, 5), {"BLOCK": 32}, 0),  # a constexpr
+        ((x, 5), {"BLOCK": 16, "num_warps": 8}, 0),  # an option
+        ((x, 5), {"BLOCK": 16}, 1),  # the device
+    ]
+    keys = [specialization_key(*v) for v in variants]
+    assert base is not None and None not in keys
+    assert len({base, *keys}) == len(keys) + 1
+    assert specialization_key((x, 7), {"BLOCK": 16}, 0) == base  # same class: same variant
+    assert specialization_key((x[16:], 5), {"BLOCK": 16}, 0) == base  # 64-byte offset
+    assert specialization_key(((x, 5), 3), {}, 0) != specialization_key(((x, 1), 3), {}, 0)
+
+
+def test_arguments_it_does_not_model_go_through_triton() -> None:
+    import numpy as np
+
+    x = torch.zeros(4)
+    assert specialization_key((x, np.int64(3)), {}, 0) is None
+    assert specialization_key((x, "name"), {}, 0) is None
+    assert specialization_key(((x, object()),), {}, 0) is None
+
+
+def test_hook_chains_count_as_hooks_only_when_not_empty() -> None:
+    class Chain:
+        def __init__(self, calls: list[object]) -> None:
+            self.calls = calls
+
+    assert not launch_module._hooked(None)
+    assert not launch_module._hooked(Chain([]))
+    assert launch_module._hooked(Chain([print]))
+    assert launch_module._hooked(print)
+
+
+@triton.jit
+def _scaled_copy(src, dst, n, scale, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n
+    tl.store(dst + offsets, tl.load(src + offsets, mask=inside) * scale, mask=inside)
+
+
+@GPU
+def test_direct_launches_equal_triton_launches_for_every_specialization() -> None:
+    """Aligned and misaligned pointers, n of 1, a multiple of 16 and neither: each first call
+    compiles through Triton, each later one launches directly, and every answer is right."""
+    src = torch.randn(4096, device="cuda")
+    dst = torch.full_like(src, float("nan"))
+    cases = [(0, 4000), (1, 4000), (3, 1), (0, 1024), (5, 17), (0, 4000)]
+    for _ in range(2):
+        for offset, n in cases:
+            dst.fill_(float("nan"))
+            grid = (triton.cdiv(n, 256),)
+            launch(_scaled_copy, grid, src[offset:], dst[offset:], n, 2.0, BLOCK=256)
+            torch.cuda.synchronize()
+            want = src[offset : offset + n] * 2
+            assert torch.equal(dst[offset : offset + n], want), (offset, n)
+            assert bool(dst[offset + n :].isnan().all())
+    compiled = launch_module._KERNELS[_scaled_copy]
+    assert compiled.direct
+    # aligned or not x n a multiple of 16, 1 or neither: the 4 classes these cases reach
+    assert len(compiled.variants) == 4
+
+
+@GPU
+def test_direct_launches_capture_and_replay() -> None:
+    src = torch.randn(1024, device="cuda")
+    dst = torch.zeros_like(src)
+    launch(_scaled_copy, (4,), src, dst, 1000, 3.0, BLOCK=256)  # compiles
+    launch(_scaled_copy, (4,), src, dst, 1000, 3.0, BLOCK=256)  # direct
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(_scaled_copy, (4,), src, dst, 1000, 3.0, BLOCK=256)
+    dst.zero_()
+    src.copy_(torch.randn_like(src))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(dst[:1000], src[:1000] * 3)
+    assert bool((dst[1000:] == 0).all())
