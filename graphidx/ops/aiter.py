@@ -56,6 +56,14 @@ def apply_candidate_mask(*args: object, **kwargs: object) -> None:
     raise _unsupported("apply_candidate_mask")
 
 
+def build_decode_schedule(*args: object, **kwargs: object) -> None:
+    """Not provided by aiter: its logits kernel reads no decode schedule."""
+    raise NotImplementedError(
+        "aiter has no decode schedule (its logits kernel does not read one); "
+        "build it with backend='triton' or 'reference'"
+    )
+
+
 def topk_per_row(logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
     """`topk_per_row` through aiter's `top_k_per_row_prefill` (k must be 2048)."""
     if k != AITER_TOPK:

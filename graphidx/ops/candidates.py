@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from graphidx.ops.backend import implementation, resolve_backend, run_op
+from graphidx.ops.backend import resolve_backend, run_op
+from graphidx.ops.registry import define_op
 from graphidx.ops.validate import check_int, check_rows, check_tensor
 
 NEG_INF = float("-inf")
@@ -66,38 +67,14 @@ def apply_candidate_mask_reference(
     logits.masked_fill_(~keep[:, :width], NEG_INF)
 
 
-def _resolve_candidate_pool_body(
-    block_ids: torch.Tensor,
-    row_ends: torch.Tensor,
-    candidate_block_size: int,
-    positions: torch.Tensor,
-    live_cols: torch.Tensor,
-    backend: str,
-) -> None:
-    impl = implementation(
-        backend, resolve_candidate_pool_reference, "candidates", "resolve_candidate_pool"
-    )
-    impl(block_ids, row_ends, candidate_block_size, positions, live_cols)
-
-
-_resolve_candidate_pool_op = torch.library.custom_op(
-    "graphidx::resolve_candidate_pool",
-    _resolve_candidate_pool_body,
+_resolve_candidate_pool_body = define_op(
+    "resolve_candidate_pool",
+    resolve_candidate_pool_reference,
+    "candidates",
     mutates_args=("positions", "live_cols"),
 )
-
-
-def _apply_candidate_mask_body(
-    logits: torch.Tensor, positions: torch.Tensor, candidate_block_size: int, backend: str
-) -> None:
-    impl = implementation(
-        backend, apply_candidate_mask_reference, "candidates", "apply_candidate_mask"
-    )
-    impl(logits, positions, candidate_block_size)
-
-
-_apply_candidate_mask_op = torch.library.custom_op(
-    "graphidx::apply_candidate_mask", _apply_candidate_mask_body, mutates_args=("logits",)
+_apply_candidate_mask_body = define_op(
+    "apply_candidate_mask", apply_candidate_mask_reference, "candidates", mutates_args=("logits",)
 )
 
 

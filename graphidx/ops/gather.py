@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from graphidx.mxfp4 import cache_layout, dequantize_mxfp4
-from graphidx.ops.backend import implementation, resolve_backend, resolve_precision, run_op
+from graphidx.ops.backend import resolve_backend, resolve_precision, run_op
 from graphidx.ops.logits import (
     REFERENCE_BATCH_ELEMENTS,
     check_pages,
@@ -21,6 +21,7 @@ from graphidx.ops.logits import (
     seq_row_ranges,
     weighted_relu_scores,
 )
+from graphidx.ops.registry import define_op
 from graphidx.ops.validate import (
     check_bool,
     check_int,
@@ -149,62 +150,11 @@ def remap_compact_topk_reference(
     out.copy_(torch.where(valid, firsts + safe % size, -1).to(torch.int32))
 
 
-def _gather_mqa_logits_body(
-    q: torch.Tensor,
-    q_scale: torch.Tensor,
-    kv_cache: torch.Tensor,
-    weights: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    positions: torch.Tensor,
-    live_cols: torch.Tensor,
-    out: torch.Tensor,
-    candidate_block_size: int,
-    query_start_loc: torch.Tensor | None,
-    next_n: int | None,
-    clean: bool,
-    page_entries: int,
-    precision: str,
-    backend: str,
-) -> None:
-    impl = implementation(backend, gather_mqa_logits_reference, "gather", "gather_mqa_logits")
-    impl(
-        q,
-        q_scale,
-        kv_cache,
-        weights,
-        context_lens,
-        block_table,
-        positions,
-        live_cols,
-        out,
-        candidate_block_size=candidate_block_size,
-        query_start_loc=query_start_loc,
-        next_n=next_n,
-        clean=clean,
-        page_entries=page_entries,
-        precision=precision,
-    )
-
-
-_gather_mqa_logits_op = torch.library.custom_op(
-    "graphidx::gather_mqa_logits", _gather_mqa_logits_body, mutates_args=("out",)
+_gather_mqa_logits_body = define_op(
+    "gather_mqa_logits", gather_mqa_logits_reference, "gather", mutates_args=("out",)
 )
-
-
-def _remap_compact_topk_body(
-    compact_topk: torch.Tensor,
-    positions: torch.Tensor,
-    candidate_block_size: int,
-    out: torch.Tensor,
-    backend: str,
-) -> None:
-    impl = implementation(backend, remap_compact_topk_reference, "gather", "remap_compact_topk")
-    impl(compact_topk, positions, candidate_block_size, out)
-
-
-_remap_compact_topk_op = torch.library.custom_op(
-    "graphidx::remap_compact_topk", _remap_compact_topk_body, mutates_args=("out",)
+_remap_compact_topk_body = define_op(
+    "remap_compact_topk", remap_compact_topk_reference, "gather", mutates_args=("out",)
 )
 
 

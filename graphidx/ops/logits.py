@@ -19,7 +19,8 @@ import torch
 
 from graphidx.config import cdiv
 from graphidx.mxfp4 import CacheLayout, cache_layout, dequantize_mxfp4, read_entries
-from graphidx.ops.backend import implementation, resolve_backend, resolve_precision, run_op
+from graphidx.ops.backend import resolve_backend, resolve_precision, run_op
+from graphidx.ops.registry import define_op
 from graphidx.ops.validate import (
     check_block_scores,
     check_bool,
@@ -313,48 +314,8 @@ def paged_mqa_logits_reference(
 # ---------------------------------------------------------------------------------------
 
 
-def _paged_mqa_logits_body(
-    q: torch.Tensor,
-    q_scale: torch.Tensor,
-    kv_cache: torch.Tensor,
-    weights: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    row_ends: torch.Tensor,
-    out: torch.Tensor,
-    query_start_loc: torch.Tensor | None,
-    next_n: int | None,
-    schedule: torch.Tensor | None,
-    block_scores: torch.Tensor | None,
-    candidate_block_size: int,
-    clean: bool,
-    page_entries: int,
-    precision: str,
-    backend: str,
-) -> None:
-    impl = implementation(backend, paged_mqa_logits_reference, "logits", "paged_mqa_logits")
-    impl(
-        q,
-        q_scale,
-        kv_cache,
-        weights,
-        context_lens,
-        block_table,
-        row_ends,
-        out,
-        query_start_loc=query_start_loc,
-        next_n=next_n,
-        schedule=schedule,
-        block_scores=block_scores,
-        candidate_block_size=candidate_block_size,
-        clean=clean,
-        page_entries=page_entries,
-        precision=precision,
-    )
-
-
-_paged_mqa_logits_op = torch.library.custom_op(
-    "graphidx::paged_mqa_logits", _paged_mqa_logits_body, mutates_args=("out", "block_scores")
+_paged_mqa_logits_body = define_op(
+    "paged_mqa_logits", paged_mqa_logits_reference, "logits", mutates_args=("out", "block_scores")
 )
 
 

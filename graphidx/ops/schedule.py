@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from graphidx.ops.backend import implementation, resolve_backend, run_op
+from graphidx.ops.backend import resolve_backend, run_op
+from graphidx.ops.registry import define_op
 from graphidx.ops.schedule_format import (
     KEY_END_OPEN,
     SCHEDULE_HEADER_INTS,
@@ -139,35 +140,11 @@ def build_decode_schedule_reference(
     schedule[:SCHEDULE_HEADER_INTS].copy_(header)
 
 
-def _build_decode_schedule_body(
-    row_lens: torch.Tensor,
-    schedule: torch.Tensor,
-    next_n: int,
-    split_keys: int,
-    target_items: int,
-    backend: str,
-) -> None:
-    if backend == "reference":
-        build_decode_schedule_reference(
-            row_lens, schedule, next_n=next_n, split_keys=split_keys, target_items=target_items
-        )
-    elif backend == "triton":
-        from graphidx.ops.kernels import schedule as triton_schedule
-
-        triton_schedule.build_decode_schedule(
-            row_lens, schedule, next_n=next_n, split_keys=split_keys, target_items=target_items
-        )
-    elif backend == "aiter":
-        raise NotImplementedError(
-            "aiter has no decode schedule (its logits kernel does not read one); "
-            "build it with backend='triton' or 'reference'"
-        )
-    else:
-        raise ValueError(f"unknown backend {backend!r}")
-
-
-_build_decode_schedule_op = torch.library.custom_op(
-    "graphidx::build_decode_schedule", _build_decode_schedule_body, mutates_args=("schedule",)
+_build_decode_schedule_body = define_op(
+    "build_decode_schedule",
+    build_decode_schedule_reference,
+    "schedule",
+    mutates_args=("schedule",),
 )
 
 
@@ -251,43 +228,10 @@ def derive_uniform_decode_reference(
         )
 
 
-def _derive_uniform_decode_body(
-    seq_lens: torch.Tensor,
-    num_live_reqs: torch.Tensor,
-    context_lens: torch.Tensor,
-    row_lens: torch.Tensor,
-    block_ends: torch.Tensor | None,
-    schedule: torch.Tensor | None,
-    next_n: int,
-    compress_ratio: int,
-    candidate_block_size: int,
-    group_rows: int,
-    split_keys: int,
-    target_items: int,
-    backend: str,
-) -> None:
-    fn = implementation(
-        backend, derive_uniform_decode_reference, "schedule", "derive_uniform_decode"
-    )
-    fn(
-        seq_lens,
-        num_live_reqs,
-        context_lens,
-        row_lens,
-        block_ends,
-        schedule,
-        next_n=next_n,
-        compress_ratio=compress_ratio,
-        candidate_block_size=candidate_block_size,
-        group_rows=group_rows,
-        split_keys=split_keys,
-        target_items=target_items,
-    )
-
-
-_derive_uniform_decode_op = torch.library.custom_op(
-    "graphidx::derive_uniform_decode",
-    _derive_uniform_decode_body,
+_derive_uniform_decode_body = define_op(
+    "derive_uniform_decode",
+    derive_uniform_decode_reference,
+    "schedule",
     mutates_args=("context_lens", "row_lens", "block_ends", "schedule"),
 )
 
