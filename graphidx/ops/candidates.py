@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from graphidx.ops.backend import resolve_backend, run_op
+from graphidx.ops.backend import resolve_backend
 from graphidx.ops.registry import define_op
-from graphidx.ops.validate import check_int, check_rows, check_tensor
+from graphidx.ops.validate import check_int, check_int32, check_rows, check_tensor
 
 NEG_INF = float("-inf")
 _INT32_MAX = 2**31 - 1
@@ -67,13 +67,13 @@ def apply_candidate_mask_reference(
     logits.masked_fill_(~keep[:, :width], NEG_INF)
 
 
-_resolve_candidate_pool_body = define_op(
+_resolve_candidate_pool = define_op(
     "resolve_candidate_pool",
     resolve_candidate_pool_reference,
     "candidates",
     mutates_args=("positions", "live_cols"),
 )
-_apply_candidate_mask_body = define_op(
+_apply_candidate_mask = define_op(
     "apply_candidate_mask", apply_candidate_mask_reference, "candidates", mutates_args=("logits",)
 )
 
@@ -94,30 +94,16 @@ def resolve_candidate_pool(
     valid ids (0 <= id < ceil(end / C)) ascending, as `id * C`, then -1; live_cols int32
     `[rows]`: `(n - 1) * C + min(C, end - last_id * C)` for n valid ids, 0 when n == 0.
     """
-    check_tensor("block_ids", block_ids, dtype=torch.int32, rank=2)
+    check_int32("block_ids", block_ids, (None, None))
     rows, pool_blocks = block_ids.shape
     device = block_ids.device
     check_rows("row_ends", row_ends, rows, device)
     check_int("candidate_block_size", candidate_block_size, minimum=1)
-    check_tensor(
-        "positions",
-        positions,
-        dtype=torch.int32,
-        rank=2,
-        device=device,
-        shape=(rows, pool_blocks),
-    )
+    check_int32("positions", positions, (rows, pool_blocks), device)
     check_rows("live_cols", live_cols, rows, device)
     resolved = resolve_backend(backend, device)
-    run_op(
-        torch.ops.graphidx.resolve_candidate_pool,
-        _resolve_candidate_pool_body,
-        block_ids,
-        row_ends,
-        candidate_block_size,
-        positions,
-        live_cols,
-        resolved,
+    _resolve_candidate_pool(
+        block_ids, row_ends, candidate_block_size, positions, live_cols, resolved
     )
 
 
@@ -137,16 +123,7 @@ def apply_candidate_mask(
     check_tensor("logits", logits, dtype=torch.float32, rank=2)
     rows = logits.shape[0]
     device = logits.device
-    check_tensor(
-        "positions", positions, dtype=torch.int32, rank=2, device=device, shape=(rows, None)
-    )
+    check_int32("positions", positions, (rows, None), device)
     check_int("candidate_block_size", candidate_block_size, minimum=1)
     resolved = resolve_backend(backend, device)
-    run_op(
-        torch.ops.graphidx.apply_candidate_mask,
-        _apply_candidate_mask_body,
-        logits,
-        positions,
-        candidate_block_size,
-        resolved,
-    )
+    _apply_candidate_mask(logits, positions, candidate_block_size, resolved)

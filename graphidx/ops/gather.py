@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from graphidx.mxfp4 import cache_layout, dequantize_mxfp4
-from graphidx.ops.backend import resolve_backend, resolve_precision, run_op
+from graphidx.ops.backend import resolve_backend, resolve_precision
 from graphidx.ops.logits import (
     REFERENCE_BATCH_ELEMENTS,
     check_pages,
@@ -25,11 +25,11 @@ from graphidx.ops.registry import define_op
 from graphidx.ops.validate import (
     check_bool,
     check_int,
-    check_mxfp4_query,
+    check_int32,
+    check_query_and_cache,
     check_row_grouping,
     check_rows,
     check_tensor,
-    resolve_cache_layout,
 )
 
 NEG_INF = float("-inf")
@@ -150,10 +150,10 @@ def remap_compact_topk_reference(
     out.copy_(torch.where(valid, firsts + safe % size, -1).to(torch.int32))
 
 
-_gather_mqa_logits_body = define_op(
+_gather_mqa_logits = define_op(
     "gather_mqa_logits", gather_mqa_logits_reference, "gather", mutates_args=("out",)
 )
-_remap_compact_topk_body = define_op(
+_remap_compact_topk = define_op(
     "remap_compact_topk", remap_compact_topk_reference, "gather", mutates_args=("out",)
 )
 
@@ -187,13 +187,10 @@ def gather_mqa_logits(
     whose pool slot is -1 padding, is -inf and reads nothing. Columns >= live are untouched,
     or -inf when `clean`. `precision` as in `paged_mqa_logits`.
     """
-    rows, num_heads, head_dim, device = check_mxfp4_query(q, q_scale, weights)
-    layout = resolve_cache_layout(kv_cache, num_heads, head_dim, page_entries, device)
+    rows, layout, device = check_query_and_cache(q, q_scale, weights, kv_cache, page_entries)
     check_row_grouping(rows, context_lens, block_table, query_start_loc, next_n, device)
     check_int("candidate_block_size", candidate_block_size, minimum=1)
-    check_tensor(
-        "positions", positions, dtype=torch.int32, rank=2, device=device, shape=(rows, None)
-    )
+    check_int32("positions", positions, (rows, None), device)
     check_rows("live_cols", live_cols, rows, device)
     check_tensor("out", out, dtype=torch.float32, rank=2, device=device, shape=(rows, None))
     pool_cols = positions.shape[1] * candidate_block_size
@@ -205,9 +202,7 @@ def gather_mqa_logits(
     check_bool("clean", clean)
     resolved = resolve_backend(backend, device)
     mode = resolve_precision(precision, resolved, device)
-    run_op(
-        torch.ops.graphidx.gather_mqa_logits,
-        _gather_mqa_logits_body,
+    _gather_mqa_logits(
         q,
         q_scale,
         kv_cache,
@@ -241,21 +236,11 @@ def remap_compact_topk(
     out int32 `[rows, k]`, may be compact_topk itself. out = positions[r, j // C] + j % C;
     -1 (and any j outside [0, KB * C)) gives -1.
     """
-    check_tensor("compact_topk", compact_topk, dtype=torch.int32, rank=2)
+    check_int32("compact_topk", compact_topk, (None, None))
     rows, k = compact_topk.shape
     device = compact_topk.device
-    check_tensor(
-        "positions", positions, dtype=torch.int32, rank=2, device=device, shape=(rows, None)
-    )
+    check_int32("positions", positions, (rows, None), device)
     check_int("candidate_block_size", candidate_block_size, minimum=1)
-    check_tensor("out", out, dtype=torch.int32, rank=2, device=device, shape=(rows, k))
+    check_int32("out", out, (rows, k), device)
     resolved = resolve_backend(backend, device)
-    run_op(
-        torch.ops.graphidx.remap_compact_topk,
-        _remap_compact_topk_body,
-        compact_topk,
-        positions,
-        candidate_block_size,
-        out,
-        resolved,
-    )
+    _remap_compact_topk(compact_topk, positions, candidate_block_size, out, resolved)

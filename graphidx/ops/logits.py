@@ -19,17 +19,16 @@ import torch
 
 from graphidx.config import cdiv
 from graphidx.mxfp4 import CacheLayout, cache_layout, dequantize_mxfp4, read_entries
-from graphidx.ops.backend import resolve_backend, resolve_precision, run_op
+from graphidx.ops.backend import resolve_backend, resolve_precision
 from graphidx.ops.registry import define_op
 from graphidx.ops.validate import (
     check_block_scores,
     check_bool,
     check_int,
-    check_mxfp4_query,
+    check_query_and_cache,
     check_row_grouping,
     check_rows,
     check_tensor,
-    resolve_cache_layout,
 )
 
 # Bound on the float32 elements of one batch of keys plus its scores (~16 MiB each), so the
@@ -314,7 +313,7 @@ def paged_mqa_logits_reference(
 # ---------------------------------------------------------------------------------------
 
 
-_paged_mqa_logits_body = define_op(
+_paged_mqa_logits = define_op(
     "paged_mqa_logits", paged_mqa_logits_reference, "logits", mutates_args=("out", "block_scores")
 )
 
@@ -358,8 +357,7 @@ def paged_mqa_logits(
     the device's default, `graphidx.ops.backend.default_precision`). Page ids are not
     range-checked here (see validate.check_block_table).
     """
-    rows, num_heads, head_dim, device = check_mxfp4_query(q, q_scale, weights)
-    layout = resolve_cache_layout(kv_cache, num_heads, head_dim, page_entries, device)
+    rows, layout, device = check_query_and_cache(q, q_scale, weights, kv_cache, page_entries)
     check_row_grouping(rows, context_lens, block_table, query_start_loc, next_n, device)
     check_rows("row_ends", row_ends, rows, device)
     check_tensor("out", out, dtype=torch.float32, rank=2, device=device, shape=(rows, None))
@@ -371,9 +369,7 @@ def paged_mqa_logits(
     check_bool("clean", clean)
     resolved = resolve_backend(backend, device)
     mode = resolve_precision(precision, resolved, device)
-    run_op(
-        torch.ops.graphidx.paged_mqa_logits,
-        _paged_mqa_logits_body,
+    _paged_mqa_logits(
         q,
         q_scale,
         kv_cache,

@@ -2,8 +2,8 @@
 section 5).
 
 An op's operands are declared once, by its reference's signature: `define_op` derives the
-custom op's schema and its implementation (the body that `graphidx.ops.backend.run_op`
-calls) from it, so no wrapper repeats the operand list in a second function.
+custom op's schema and its implementation (its body) from it and returns the launcher a
+public wrapper calls once its arguments are validated and its backend resolved.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from graphidx.ops.backend import implementation
+from graphidx.ops.backend import implementation, run_op
 
 _POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
 _BACKEND = inspect.Parameter("backend", _POSITIONAL, annotation=str)
@@ -27,13 +27,15 @@ def define_op(
     *,
     mutates_args: Iterable[str],
 ) -> Callable[..., None]:
-    """Register `graphidx::<name>` and return its body.
+    """Register `graphidx::<name>` and return its launcher.
 
     The op takes `reference`'s parameters in their order, each positional and without its
     default, then `backend: str`; its schema is inferred from their annotations. The body
     runs `implementation(backend, reference, kernels, name)` with the reference's positional
     parameters passed positionally and its keyword-only ones by keyword, so the Triton and
-    aiter functions keep the reference's calling convention.
+    aiter functions keep the reference's calling convention. The launcher takes the op's
+    operands positionally, the resolved backend last, and runs them through
+    `run_op(torch.ops.graphidx.<name>, body, ...)`.
     """
     signature = inspect.signature(reference, eval_str=True)
     params = list(signature.parameters.values())
@@ -50,4 +52,10 @@ def define_op(
     )
     body.__name__ = body.__qualname__ = f"{name}_body"
     torch.library.custom_op(f"graphidx::{name}", body, mutates_args=tuple(mutates_args))
-    return body
+    op = getattr(torch.ops.graphidx, name)
+
+    def launch(*operands: Any) -> None:
+        run_op(op, body, *operands)
+
+    launch.__name__ = launch.__qualname__ = name
+    return launch

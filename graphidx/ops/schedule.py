@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from graphidx.ops.backend import resolve_backend, run_op
+from graphidx.ops.backend import resolve_backend
 from graphidx.ops.registry import define_op
 from graphidx.ops.schedule_format import (
     KEY_END_OPEN,
@@ -25,13 +25,15 @@ from graphidx.ops.schedule_format import (
     schedule_capacity,
     schedule_ints,
 )
-from graphidx.ops.validate import check_int, check_tensor
+from graphidx.ops.validate import check_int, check_int32, check_rows
 
 
-def _check_split_keys(split_keys: int) -> None:
+def _check_split(split_keys: int, target_items: int) -> None:
+    """split_keys a multiple of SPLIT_ALIGNMENT (at least one), target_items an int >= 0."""
     check_int("split_keys", split_keys, minimum=SPLIT_ALIGNMENT)
     if split_keys % SPLIT_ALIGNMENT:
         raise ValueError(f"split_keys must be a multiple of {SPLIT_ALIGNMENT}, got {split_keys}")
+    check_int("target_items", target_items, minimum=0)
 
 
 TARGET_ITEMS_PER_SM = 4
@@ -47,10 +49,6 @@ def default_target_items(device: torch.device) -> int:
     from graphidx.ops.kernels import multiprocessor_count
 
     return TARGET_ITEMS_PER_SM * multiprocessor_count(device)
-
-
-def _check_target_items(target_items: int) -> None:
-    check_int("target_items", target_items, minimum=0)
 
 
 def allocate_schedule(
@@ -72,8 +70,7 @@ def allocate_schedule(
     """
     check_int("max_seqs", max_seqs, minimum=1)
     check_int("max_width", max_width, minimum=1)
-    _check_split_keys(split_keys)
-    _check_target_items(target_items)
+    _check_split(split_keys, target_items)
     return torch.zeros(
         schedule_ints(max_seqs, max_width, split_keys, target_items),
         dtype=torch.int32,
@@ -140,7 +137,7 @@ def build_decode_schedule_reference(
     schedule[:SCHEDULE_HEADER_INTS].copy_(header)
 
 
-_build_decode_schedule_body = define_op(
+_build_decode_schedule = define_op(
     "build_decode_schedule",
     build_decode_schedule_reference,
     "schedule",
@@ -167,12 +164,11 @@ def build_decode_schedule(
     items (`graphidx.ops.schedule_format`; `default_target_items` is the GPU's).
     Runs on the device; no host sync.
     """
-    check_tensor("row_lens", row_lens, dtype=torch.int32, rank=1)
+    check_int32("row_lens", row_lens, (None,))
     device = row_lens.device
-    check_tensor("schedule", schedule, dtype=torch.int32, rank=1, device=device)
+    check_int32("schedule", schedule, (None,), device)
     check_int("next_n", next_n, minimum=1)
-    _check_split_keys(split_keys)
-    _check_target_items(target_items)
+    _check_split(split_keys, target_items)
     rows = row_lens.shape[0]
     if rows % next_n:
         raise ValueError(f"next_n={next_n} does not divide the {rows} rows of row_lens")
@@ -183,16 +179,7 @@ def build_decode_schedule(
             "size it with allocate_schedule(max_seqs, max_width, device)"
         )
     resolved = resolve_backend(backend, device)
-    run_op(
-        torch.ops.graphidx.build_decode_schedule,
-        _build_decode_schedule_body,
-        row_lens,
-        schedule,
-        next_n,
-        split_keys,
-        target_items,
-        resolved,
-    )
+    _build_decode_schedule(row_lens, schedule, next_n, split_keys, target_items, resolved)
 
 
 def derive_uniform_decode_reference(
@@ -228,7 +215,7 @@ def derive_uniform_decode_reference(
         )
 
 
-_derive_uniform_decode_body = define_op(
+_derive_uniform_decode = define_op(
     "derive_uniform_decode",
     derive_uniform_decode_reference,
     "schedule",
@@ -266,7 +253,7 @@ def derive_uniform_decode(
     `build_decode_schedule`). Reads no host value that changes per step, so a graph
     captured with it recomputes all of these at every replay.
     """
-    check_tensor("seq_lens", seq_lens, dtype=torch.int32, rank=1)
+    check_int32("seq_lens", seq_lens, (None,))
     device = seq_lens.device
     reqs = seq_lens.shape[0]
     check_int("next_n", next_n, minimum=1)
@@ -275,14 +262,10 @@ def derive_uniform_decode(
     group_rows = next_n if group_rows is None else group_rows
     if group_rows not in (1, next_n):
         raise ValueError(f"group_rows must be 1 or next_n = {next_n}, got {group_rows}")
-    check_tensor(
-        "num_live_reqs", num_live_reqs, dtype=torch.int32, rank=1, shape=(1,), device=device
-    )
-    check_tensor(
-        "context_lens", context_lens, dtype=torch.int32, rank=1, shape=(reqs,), device=device
-    )
+    check_rows("num_live_reqs", num_live_reqs, 1, device)
+    check_rows("context_lens", context_lens, reqs, device)
     rows = reqs * next_n
-    check_tensor("row_lens", row_lens, dtype=torch.int32, rank=1, shape=(rows,), device=device)
+    check_rows("row_lens", row_lens, rows, device)
     if not row_lens.is_contiguous() or not context_lens.is_contiguous():
         raise ValueError("row_lens and context_lens must be contiguous")
     if (block_ends is None) != (candidate_block_size == 0):
@@ -291,15 +274,12 @@ def derive_uniform_decode(
             f"(candidate_block_size = {candidate_block_size})"
         )
     if block_ends is not None:
-        check_tensor(
-            "block_ends", block_ends, dtype=torch.int32, rank=1, shape=(rows,), device=device
-        )
+        check_rows("block_ends", block_ends, rows, device)
         if not block_ends.is_contiguous():
             raise ValueError("block_ends must be contiguous")
     if schedule is not None:
-        check_tensor("schedule", schedule, dtype=torch.int32, rank=1, device=device)
-        _check_split_keys(split_keys)
-        _check_target_items(target_items)
+        check_int32("schedule", schedule, (None,), device)
+        _check_split(split_keys, target_items)
         if schedule_capacity(schedule) < rows // group_rows:
             raise ValueError(
                 f"schedule holds {schedule_capacity(schedule)} items, fewer than the "
@@ -308,9 +288,7 @@ def derive_uniform_decode(
     resolved = resolve_backend(backend, device)
     if resolved == "aiter":
         resolved = "triton" if device.type == "cuda" else "reference"
-    run_op(
-        torch.ops.graphidx.derive_uniform_decode,
-        _derive_uniform_decode_body,
+    _derive_uniform_decode(
         seq_lens,
         num_live_reqs,
         context_lens,

@@ -75,6 +75,21 @@ def _raise_shape(name: str, got: torch.Size, want: tuple[int | None, ...]) -> No
     raise ValueError(f"{name} must have shape {expected}, got {tuple(got)}")
 
 
+def check_int32(
+    name: str, tensor: object, shape: tuple[int | None, ...], device: torch.device | None = None
+) -> torch.Tensor:
+    """An int32 index tensor of rank len(shape) with the known dims of `shape` (None = any),
+    on `device` when given (the checks of `check_tensor`)."""
+    return check_tensor(
+        name, tensor, dtype=torch.int32, rank=len(shape), device=device, shape=shape
+    )
+
+
+def check_rows(name: str, tensor: object, rows: int, device: torch.device) -> torch.Tensor:
+    """An int32 `[rows]` tensor on `device`."""
+    return check_int32(name, tensor, (rows,), device)
+
+
 def check_int(name: str, value: object, *, minimum: int) -> int:
     """A Python int (not bool) >= minimum."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -176,7 +191,7 @@ def check_row_grouping(
             f"query_start_loc and next_n are exclusive row groupings; got both (next_n={next_n!r})"
         )
     if query_start_loc is not None:
-        check_tensor("query_start_loc", query_start_loc, dtype=torch.int32, rank=1, device=device)
+        check_int32("query_start_loc", query_start_loc, (None,), device)
         assert isinstance(query_start_loc, torch.Tensor)
         if query_start_loc.shape[0] == 0:
             raise ValueError("query_start_loc must have num_seqs + 1 >= 1 entries, got 0")
@@ -189,23 +204,19 @@ def check_row_grouping(
         num_seqs = rows // next_n
     else:
         num_seqs = rows
-    check_tensor(
-        "context_lens", context_lens, dtype=torch.int32, rank=1, device=device, shape=(num_seqs,)
-    )
-    check_tensor(
-        "block_table",
-        block_table,
-        dtype=torch.int32,
-        rank=2,
-        device=device,
-        shape=(num_seqs, None),
-    )
+    check_rows("context_lens", context_lens, num_seqs, device)
+    check_int32("block_table", block_table, (num_seqs, None), device)
     return num_seqs
 
 
-def check_rows(name: str, tensor: object, rows: int, device: torch.device) -> torch.Tensor:
-    """An int32 `[rows]` tensor on `device`."""
-    return check_tensor(name, tensor, dtype=torch.int32, rank=1, device=device, shape=(rows,))
+def check_query_and_cache(
+    q: object, q_scale: object, weights: object, kv_cache: object, page_entries: int | None
+) -> tuple[int, CacheLayout, torch.device]:
+    """The MXFP4 query (`check_mxfp4_query`) and the paged cache it reads
+    (`resolve_cache_layout`), checked in that order; returns `(rows, layout, q's device)`."""
+    rows, num_heads, head_dim, device = check_mxfp4_query(q, q_scale, weights)
+    layout = resolve_cache_layout(kv_cache, num_heads, head_dim, page_entries, device)
+    return rows, layout, device
 
 
 def check_block_table(
@@ -225,7 +236,7 @@ def check_block_table(
     StepBatch construction), with this helper. Raises ValueError naming the seq and column.
     """
     check_int("num_pages", num_pages, minimum=1)
-    check_tensor("block_table", block_table, dtype=torch.int32, rank=2)
+    check_int32("block_table", block_table, (None, None))
     num_seqs, max_blocks = block_table.shape
     if context_lens is None:
         needed = torch.full((num_seqs,), max_blocks, dtype=torch.int64)
@@ -233,7 +244,7 @@ def check_block_table(
         if page_entries is None:
             raise ValueError("check_block_table: context_lens given without page_entries")
         check_int("page_entries", page_entries, minimum=1)
-        check_tensor("context_lens", context_lens, dtype=torch.int32, rank=1, shape=(num_seqs,))
+        check_int32("context_lens", context_lens, (num_seqs,))
         lens = context_lens.detach().to("cpu", torch.int64)
         if bool((lens < 0).any()):
             seq = int(torch.nonzero(lens < 0)[0, 0])
