@@ -26,7 +26,7 @@ prefill request (a step with prefills may carry zero-row padding only).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, InitVar, dataclass
 
 import numpy as np
@@ -255,6 +255,12 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+def _fail_first(bad: np.ndarray, message: Callable[[int], str]) -> None:
+    """Raise ValueError(message(r)) for the first index r where `bad` holds; none, no raise."""
+    if bad.any():
+        _fail(message(_first(bad)))
+
+
 def _validate_values(batch: StepBatch) -> None:
     """Every value rule of docs/contract.md section 3.1; reads the device tensors (the slow
     path)."""
@@ -263,12 +269,13 @@ def _validate_values(batch: StepBatch) -> None:
     if qsl[0] != 0:
         _fail(f"query_start_loc_cpu[0] must be 0, got {qsl[0]}")
     query_lens = np.diff(qsl)
-    if (query_lens < 0).any():
-        r = _first(query_lens < 0)
-        _fail(
+    _fail_first(
+        query_lens < 0,
+        lambda r: (
             f"query_start_loc_cpu must be non-decreasing: request {r} has "
             f"query_start_loc_cpu[{r}] = {qsl[r]} > query_start_loc_cpu[{r + 1}] = {qsl[r + 1]}"
-        )
+        ),
+    )
     num_tokens = batch.num_tokens
     if num_tokens < qsl[-1]:
         _fail(f"num_tokens = {num_tokens} is below query_start_loc_cpu[-1] = {qsl[-1]}")
@@ -278,51 +285,50 @@ def _validate_values(batch: StepBatch) -> None:
             f"{config.max_num_batched_tokens}"
         )
     qsl_device = batch.query_start_loc.cpu().numpy().astype(np.int64)
-    if (qsl_device != qsl).any():
-        r = _first(qsl_device != qsl)
-        _fail(
+    _fail_first(
+        qsl_device != qsl,
+        lambda r: (
             f"query_start_loc[{r}] = {qsl_device[r]} differs from "
             f"query_start_loc_cpu[{r}] = {qsl[r]}"
-        )
+        ),
+    )
     seq_lens = batch.seq_lens.cpu().numpy().astype(np.int64)
     num_real = batch.num_real_reqs
     real_seq, real_query = seq_lens[:num_real], query_lens[:num_real]
-    if (real_seq < 0).any():
-        r = _first(real_seq < 0)
-        _fail(f"seq_lens[{r}] = {seq_lens[r]} is negative (request {r})")
-    if (real_seq < real_query).any():
-        r = _first(real_seq < real_query)
-        _fail(
+    too_long = f"exceeds config.max_model_len = {config.max_model_len}"
+    _fail_first(real_seq < 0, lambda r: f"seq_lens[{r}] = {seq_lens[r]} is negative (request {r})")
+    _fail_first(
+        real_seq < real_query,
+        lambda r: (
             f"seq_lens[{r}] = {seq_lens[r]} is shorter than request {r}'s query length "
             f"{query_lens[r]}"
-        )
-    if (real_seq > config.max_model_len).any():
-        r = _first(real_seq > config.max_model_len)
-        _fail(
-            f"seq_lens[{r}] = {seq_lens[r]} exceeds config.max_model_len = "
-            f"{config.max_model_len} (request {r})"
-        )
+        ),
+    )
+    _fail_first(
+        real_seq > config.max_model_len,
+        lambda r: f"seq_lens[{r}] = {seq_lens[r]} {too_long} (request {r})",
+    )
     upper = batch.seq_lens_upper_bound.numpy().astype(np.int64)
-    if (upper < seq_lens).any():
-        r = _first(upper < seq_lens)
-        _fail(
-            f"seq_lens_upper_bound[{r}] = {upper[r]} is below seq_lens[{r}] = {seq_lens[r]} "
-            f"(request {r})"
-        )
-    if (upper > config.max_model_len).any():
-        r = _first(upper > config.max_model_len)
-        _fail(
-            f"seq_lens_upper_bound[{r}] = {upper[r]} exceeds config.max_model_len = "
-            f"{config.max_model_len} (request {r})"
-        )
+    _fail_first(
+        upper < seq_lens,
+        lambda r: (
+            f"seq_lens_upper_bound[{r}] = {upper[r]} is below seq_lens[{r}] = "
+            f"{seq_lens[r]} (request {r})"
+        ),
+    )
+    _fail_first(
+        upper > config.max_model_len,
+        lambda r: f"seq_lens_upper_bound[{r}] = {upper[r]} {too_long} (request {r})",
+    )
     pages_used = -(-(seq_lens // config.compress_ratio) // config.page_entries)
     max_blocks = batch.block_table.shape[1]
-    if (pages_used > max_blocks).any():
-        r = _first(pages_used > max_blocks)
-        _fail(
+    _fail_first(
+        pages_used > max_blocks,
+        lambda r: (
             f"block_table has {max_blocks} columns but request {r} (seq_lens[{r}] = "
             f"{seq_lens[r]}) uses {pages_used[r]} pages"
-        )
+        ),
+    )
     if batch.num_pages is not None and seq_lens.shape[0] > 0:
         table = batch.block_table.cpu().numpy()
         used = np.arange(max_blocks)[None, :] < pages_used[:, None]
