@@ -142,9 +142,10 @@ class IndexerMetadataBuilder:
     lengths, decode row ends, prefill row ends (and `cu_seqlen_ke`, so `ke - ks` stays the row
     end over the concatenated local contexts) and block ends become rank-local on the device
     (`local_lengths` of the global ones), logits widths become `local_count` of the global
-    ones, and the chunking, splits and every other host decision stay the global ones, so
-    every rank launches the same rows (the layers' exchange needs it). Two-level stacks
-    (`sparse_logits`) are refused under W > 1.
+    ones, and the chunking, splits and every other host decision (the consumers' gather
+    gates included) stay the global ones, so every rank launches the same rows (the layers'
+    exchange needs it). The metadata's `global_row_ends` keeps each row's global end (the
+    candidate source needs it to tell which rank holds a row's newest key).
     """
 
     def __init__(
@@ -189,12 +190,6 @@ class IndexerMetadataBuilder:
 
         config = self.config
         if config.dcp_world_size > 1:
-            if config.sparse_logits:
-                raise ValueError(
-                    f"dcp_world_size = {config.dcp_world_size} with sparse_logits=True: context "
-                    "parallel is wired for dense indexer layers only, not yet for two-level "
-                    "(candidate source and consumer) stacks"
-                )
             self.context_parallel = ContextParallel.from_config(config)
         try:
             return cache_layout(config.num_heads, config.head_dim, config.page_entries)
@@ -239,6 +234,8 @@ class IndexerMetadataBuilder:
         if config.has_candidates:
             buffer("block_ends", rows)
             buffer("prefill_block_ends", rows)
+        if config.dcp_world_size > 1:
+            buffer("global_row_ends", rows)  # each step row's end before it is made local
         if config.adaptive_verification and config.next_n > 1:
             buffer("request_offsets", reqs + 1)  # a captured step's rows by device offsets
         if self.decode_schedule:
@@ -280,10 +277,18 @@ class IndexerMetadataBuilder:
         if self.context_parallel is not None:
             lengths.copy_(local_lengths(self.context_parallel, lengths))
 
+    def _global_row_ends(self, rows: int) -> torch.Tensor | None:
+        """The global row ends of step rows [0, rows) (None on one rank): kept for the
+        candidate source, whose newest-key block lives on one rank."""
+        ends = self._buffers.get("global_row_ends")
+        return None if ends is None else ends[:rows]
+
     def _local_decode_rows(self, row_lens: torch.Tensor, block_ends: torch.Tensor | None) -> None:
-        """Decode row ends made rank-local, and the block ends recomputed from them."""
+        """Decode row ends made rank-local (the global ones kept in `global_row_ends`), and
+        the block ends recomputed from them."""
         if self.context_parallel is None:
             return
+        self._buffers["global_row_ends"][: row_lens.shape[0]].copy_(row_lens)
         self._to_local(row_lens)
         if block_ends is not None:
             size = self.config.candidate_block_size
@@ -299,6 +304,7 @@ class IndexerMetadataBuilder:
         ks = self._buffers["cu_seqlen_ks"][start:end]
         ke = self._buffers["cu_seqlen_ke"][start:end]
         ke.sub_(ks)
+        self._buffers["global_row_ends"][start:end].copy_(ke)
         self._to_local(ke)
         ke.add_(ks)
 
@@ -465,6 +471,7 @@ class IndexerMetadataBuilder:
             context_lens=context_lens,
             decode=decode,
             decode_use_gather=self._captured_decode_gathers(),
+            global_row_ends=self._global_row_ends(rows),
         )
         return CapturedDecode(metadata, derive)
 
@@ -681,6 +688,7 @@ class IndexerMetadataBuilder:
             plans=tuple(plans),
             decode_use_gather=decode_use_gather,
             gather_launches=gather_launches,
+            global_row_ends=self._global_row_ends(batch.num_tokens),
         )
 
 

@@ -23,14 +23,19 @@ rank. NaN scores are not valid input (as in section 5.2).
 Everything on tensors is torch ops with no host sync (graph-capturable); sizes come from
 shapes and the host-side `ContextParallel`. Positions must stay below 2**31.
 `IndexerConfig`'s dcp fields describe the sharding (`ContextParallel.from_config`). The
-metadata builder computes each rank's row ends and context lengths; a dense layer takes a
+metadata builder computes each rank's row ends and context lengths; every layer takes a
 `ContextParallelGroup` (this rank's view and its process group) and runs `sharded_topk` in
-place of its single-rank top-k. Two-level stacks (candidate source and consumers) and the
-runner still refuse dcp_world_size > 1.
+place of its single-rank top-k. Two-level stacks: candidate blocks are sharded like positions
+(`ContextParallel.blocks`); the source's block scores are the single-rank ones once
+`unpin_foreign_newest_block` gives a rank's pinned block its real score unless the rank holds
+the row's newest key, and its candidate top-k is `sharded_topk` over blocks (global block
+ids, the same pool on every rank); a consumer scores its rank's part of the pool and merges
+compact columns by their global positions (`sharded_topk_at`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,8 +57,11 @@ __all__ = [
     "local_lengths",
     "local_positions",
     "local_topk",
+    "local_topk_at",
     "merge_topk",
     "sharded_topk",
+    "sharded_topk_at",
+    "unpin_foreign_newest_block",
 ]
 
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -99,6 +107,18 @@ class ContextParallel:
     def span(self) -> int:
         """Positions in one round of runs over all ranks: S * W."""
         return self.interleave * self.world_size
+
+    def blocks(self, candidate_block_size: int) -> ContextParallel:
+        """The same sharding over candidate blocks: block `b` (positions `[b C, (b + 1) C)`)
+        lives on rank `(b // (S / C)) % W`, at the local block index its positions' local
+        indices divide to. Needs S to be a multiple of C."""
+        c = _positive_int("candidate_block_size", candidate_block_size, 1)
+        if self.interleave % c:
+            raise ValueError(
+                f"interleave = {self.interleave} must be a multiple of candidate_block_size = "
+                f"{c} (a candidate block must live on one rank)"
+            )
+        return ContextParallel(self.world_size, self.rank, self.interleave // c)
 
     def local_count(self, n: int) -> int:
         """Host ints: how many of the positions [0, n) this rank holds (static sizes, such as
@@ -262,6 +282,34 @@ def local_topk(
     glob = global_positions(ctx, cols).unsqueeze(0)
     visible = cols.unsqueeze(0) < lengths.to(torch.int64).unsqueeze(1)
     keys = torch.where(visible, _selection_keys(logits, glob), _NONE_KEY)
+    _select(keys, k, out, out_scores)
+
+
+def local_topk_at(
+    logits: torch.Tensor,
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+    out_scores: torch.Tensor | None = None,
+) -> None:
+    """`local_topk` over columns whose global positions are given: positions int32
+    `[rows, width]` (-1: a column never picked), logits float32 `[rows, width]`, lengths
+    int32 `[rows]` (columns past a row's length are never picked). Writes `out` (and
+    `out_scores`) as `local_topk` does, in the selection order of (score, position)."""
+    check_tensor("logits", logits, dtype=torch.float32, rank=2)
+    rows, width = logits.shape
+    device = logits.device
+    check_tensor(
+        "positions", positions, dtype=torch.int32, rank=2, device=device, shape=(rows, width)
+    )
+    check_tensor("lengths", lengths, dtype=torch.int32, rank=1, device=device, shape=(rows,))
+    _check_outputs(rows, k, out, out_scores, device)
+    if rows == 0:
+        return
+    cols = torch.arange(width, device=device, dtype=torch.int64).unsqueeze(0)
+    visible = cols < lengths.to(torch.int64).unsqueeze(1)
+    keys = torch.where(visible, _selection_keys(logits, positions), _NONE_KEY)
     _select(keys, k, out, out_scores)
 
 
@@ -441,12 +489,37 @@ class ContextParallelGroup:
             )
 
 
+def _check_group(dcp: object) -> ContextParallelGroup:
+    if not isinstance(dcp, ContextParallelGroup):
+        raise ValueError(f"dcp must be a ContextParallelGroup, got {type(dcp).__name__}")
+    return dcp
+
+
+def _exchange_and_merge(
+    dcp: ContextParallelGroup,
+    local: Callable[[torch.Tensor, torch.Tensor], None],
+    rows: int,
+    k: int,
+    out: torch.Tensor,
+    device: torch.device,
+) -> None:
+    """`local(positions, scores)` writes this rank's `[rows, k]` candidates; they are
+    exchanged across `dcp.group` and merged into `out`."""
+    positions = torch.empty((rows, k), dtype=torch.int32, device=device)
+    scores = torch.empty((rows, k), dtype=torch.float32, device=device)
+    local(positions, scores)
+    all_scores, all_positions = exchange_topk(scores, positions, dcp.group)
+    merge_topk(all_scores, all_positions, k, out)
+
+
 def sharded_topk(
     dcp: ContextParallelGroup,
     logits: torch.Tensor,
     lengths: torch.Tensor,
     k: int,
     out: torch.Tensor,
+    *,
+    ctx: ContextParallel | None = None,
 ) -> None:
     """The global top-k of each row from every rank's local logits, on every rank alike.
 
@@ -454,15 +527,77 @@ def sharded_topk(
     its local row ends (as `local_topk`). Writes `out` int32 `[rows, k]`: the global
     positions of the row's k best (larger score first, ties to the smaller position), -1
     padded, identical on every rank of `dcp.group` and equal to the single-rank top-k in that
-    order. Every rank must call it with the same rows and k (one all-gather).
+    order. `ctx`: the map of the columns to global indices (None: `dcp.ctx`, positions; the
+    candidate blocks' top-k passes `dcp.ctx.blocks(C)`). Every rank must call it with the
+    same rows and k (one all-gather).
     """
-    if not isinstance(dcp, ContextParallelGroup):
-        raise ValueError(f"dcp must be a ContextParallelGroup, got {type(dcp).__name__}")
+    _check_group(dcp)
     check_tensor("logits", logits, dtype=torch.float32, rank=2)
     check_int("k", k, minimum=1)
-    rows, device = logits.shape[0], logits.device
-    positions = torch.empty((rows, k), dtype=torch.int32, device=device)
-    scores = torch.empty((rows, k), dtype=torch.float32, device=device)
-    local_topk(dcp.ctx, logits, lengths, k, positions, scores)
-    all_scores, all_positions = exchange_topk(scores, positions, dcp.group)
-    merge_topk(all_scores, all_positions, k, out)
+    view = dcp.ctx if ctx is None else _check_ctx(ctx)
+
+    def local(positions: torch.Tensor, scores: torch.Tensor) -> None:
+        local_topk(view, logits, lengths, k, positions, scores)
+
+    _exchange_and_merge(dcp, local, logits.shape[0], k, out, logits.device)
+
+
+def sharded_topk_at(
+    dcp: ContextParallelGroup,
+    logits: torch.Tensor,
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+) -> None:
+    """`sharded_topk` over columns whose global positions are given (`local_topk_at`):
+    a consumer's compact logits over its part of the candidate pool. Writes `out` int32
+    `[rows, k]`, identical on every rank."""
+    _check_group(dcp)
+    check_tensor("logits", logits, dtype=torch.float32, rank=2)
+    check_int("k", k, minimum=1)
+
+    def local(picked: torch.Tensor, scores: torch.Tensor) -> None:
+        local_topk_at(logits, positions, lengths, k, picked, scores)
+
+    _exchange_and_merge(dcp, local, logits.shape[0], k, out, logits.device)
+
+
+def unpin_foreign_newest_block(
+    ctx: ContextParallel,
+    logits: torch.Tensor,
+    block_scores: torch.Tensor,
+    local_ends: torch.Tensor,
+    global_ends: torch.Tensor,
+    candidate_block_size: int,
+) -> None:
+    """Give back its real score to a pinned block that does not hold the row's newest key.
+
+    The logits op pins (+inf) the block of each row's newest *local* key so that the block
+    top-k keeps it; on one rank that is the row's newest key, under context parallel only on
+    the rank holding global position `global_end - 1`. On every other rank with a local key
+    this writes the block's max over its visible logits (`[b C, min((b + 1) C, n))`, n the
+    local end clamped to the logits width) in place of the pin, so that the ranks' block
+    scores are the single-rank ones. logits float32 `[rows, width]`, block_scores float32
+    `[rows, >= ceil(width / C)]` (in place), local_ends and global_ends int32 `[rows]`.
+    """
+    _check_ctx(ctx)
+    c = _positive_int("candidate_block_size", candidate_block_size, 1)
+    check_tensor("logits", logits, dtype=torch.float32, rank=2)
+    rows, width = logits.shape
+    device = logits.device
+    check_tensor("block_scores", block_scores, dtype=torch.float32, rank=2, device=device)
+    for name, tensor in (("local_ends", local_ends), ("global_ends", global_ends)):
+        check_tensor(name, tensor, dtype=torch.int32, rank=1, device=device, shape=(rows,))
+    if rows == 0 or width == 0:
+        return
+    n = local_ends.to(torch.int64).clamp(0, width)
+    newest = global_ends.to(torch.int64) - 1
+    owner = (newest >= 0) & (local_positions(ctx, newest) >= 0)
+    block = ((n - 1).clamp(min=0) // c).unsqueeze(1)
+    cols = block * c + torch.arange(c, device=device)
+    values = logits.gather(1, cols.clamp(max=width - 1))
+    real = torch.where(cols < n.unsqueeze(1), values, float("-inf")).amax(dim=1, keepdim=True)
+    current = block_scores.gather(1, block)
+    keep = (owner | (n == 0)).unsqueeze(1)
+    block_scores.scatter_(1, block, torch.where(keep, current, real))

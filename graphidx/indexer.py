@@ -17,7 +17,9 @@ Context parallel (docs/contract.md section 10): under `config.dcp_world_size` W 
 layer runs on one rank's share (metadata from the builder of that rank, its rank-local K
 cache) and takes `dcp`, a `graphidx.distributed.ContextParallelGroup`; its top-k is the
 exchange of the ranks' local top-k (`sharded_topk`), so every rank writes the same global
-positions, in the selection order. Candidate sources and consumers refuse W > 1.
+positions, in the selection order. A candidate source merges its block scores the same way
+(the candidate pool: global block ids, identical on every rank); a consumer scores its
+rank's part of the pool and merges its top-k the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from __future__ import annotations
 import torch
 
 from graphidx.config import IndexerConfig
-from graphidx.distributed import ContextParallelGroup, sharded_topk
+from graphidx.distributed import (
+    ContextParallelGroup,
+    global_positions,
+    local_positions,
+    sharded_topk,
+    sharded_topk_at,
+    unpin_foreign_newest_block,
+)
 from graphidx.metadata import IndexerMetadata, PrefillChunk, PrefillPlan
 from graphidx.ops import (
     apply_candidate_mask,
@@ -88,11 +97,6 @@ def _check_context_parallel(
                 f"dcp has world_size {dcp.ctx.world_size} but config.dcp_world_size is 1"
             )
         return None
-    if layer != "dense":
-        raise ValueError(
-            f"{layer}: context parallel (config.dcp_world_size = {config.dcp_world_size}) is "
-            "wired for dense indexer layers only, not yet for two-level stacks"
-        )
     if not isinstance(dcp, ContextParallelGroup):
         raise ValueError(
             f"config.dcp_world_size = {config.dcp_world_size}: dcp must be a "
@@ -257,8 +261,10 @@ def dense_indexer(
                       config, backend, block_scores)  # fmt: skip
         _row_topk(logits, decode.row_lens, k, topk_indices[:rows], group, backend)
         if block_scores is not None:
+            if group is not None:
+                _unpin(group, metadata, logits, block_scores, decode.row_lens, 0, config)
             _pick_candidate_blocks(
-                block_scores, decode.block_ends, 0, rows, workspace, config, backend
+                block_scores, decode.block_ends, 0, rows, workspace, config, group, backend
             )
 
     for chunk, plan in zip(metadata.chunks, metadata.plans, strict=True):
@@ -272,9 +278,33 @@ def dense_indexer(
                       config, backend, block_scores)  # fmt: skip
         _row_topk(logits, plan.row_ends, k, topk_indices[start:end], group, backend)
         if block_scores is not None:
+            if group is not None:
+                _unpin(group, metadata, logits, block_scores, plan.row_ends, start, config)
             _pick_candidate_blocks(
-                block_scores, plan.block_ends, start, end, workspace, config, backend
+                block_scores, plan.block_ends, start, end, workspace, config, group, backend
             )
+
+
+def _unpin(
+    group: ContextParallelGroup,
+    metadata: IndexerMetadata,
+    logits: torch.Tensor,
+    block_scores: torch.Tensor,
+    local_ends: torch.Tensor,
+    start: int,
+    config: IndexerConfig,
+) -> None:
+    """Under context parallel: only the rank holding a row's newest key keeps its pinned
+    block (`unpin_foreign_newest_block`), so the ranks' block scores are the single-rank
+    ones."""
+    global_ends = metadata.global_row_ends
+    if global_ends is None:
+        raise ValueError("metadata has no global_row_ends: not built by a context-parallel builder")
+    rows = logits.shape[0]
+    unpin_foreign_newest_block(
+        group.ctx, logits, block_scores, local_ends, global_ends[start : start + rows],
+        config.candidate_block_size,
+    )  # fmt: skip
 
 
 def _pick_candidate_blocks(
@@ -284,13 +314,20 @@ def _pick_candidate_blocks(
     end: int,
     workspace: IndexerWorkspace,
     config: IndexerConfig,
+    group: ContextParallelGroup | None,
     backend: str | None,
 ) -> None:
-    """The source's candidate blocks of step rows [start, end): top-KB block scores."""
+    """The source's candidate blocks of step rows [start, end): top-KB block scores (under
+    context parallel merged across the ranks, as global block ids)."""
     if block_ends is None:
         raise ValueError("metadata has no block_ends: built without candidate blocks")
     ids, _, _ = workspace.pool(start, end)
-    topk_per_row(block_scores, block_ends, config.candidate_topk_blocks, ids, backend=backend)
+    kb = config.candidate_topk_blocks
+    if group is None:
+        topk_per_row(block_scores, block_ends, kb, ids, backend=backend)
+    else:
+        blocks = group.ctx.blocks(config.candidate_block_size)
+        sharded_topk(group, block_scores, block_ends, kb, ids, ctx=blocks)
 
 
 def candidate_consumer(
@@ -305,6 +342,7 @@ def candidate_consumer(
     config: IndexerConfig,
     resolve_pool: bool,
     backend: str | None = None,
+    dcp: ContextParallelGroup | None = None,
 ) -> None:
     """A layer that scores only the candidate source's pool (docs/contract.md section 6).
 
@@ -316,9 +354,13 @@ def candidate_consumer(
     remap to positions), else dense logits masked to the pool and top-k over the row ends.
     Prefill chunks whose plan does not gather go dense + mask; the gathering ones run as
     `metadata.gather_launches` (one request each, its rows as one next_n sequence).
+    `dcp`: as for `dense_indexer`. Under context parallel the pool (global block ids, the
+    same on every rank) is resolved to this rank's part of it (its blocks, at their local
+    positions), the layer scores that part only, and each top-k is the exchange across the
+    ranks (`sharded_topk`, `sharded_topk_at`), so every rank writes the same global positions.
     """
     _check_layer_inputs(metadata, q, q_scale, weights, topk_indices, workspace, config)
-    _check_context_parallel(config, None, "candidate_consumer")
+    group = _check_context_parallel(config, dcp, "candidate_consumer")
     if not config.sparse_logits:
         raise ValueError("candidate_consumer needs sparse_logits=True in the config")
     size = config.candidate_block_size
@@ -335,11 +377,12 @@ def candidate_consumer(
 
     if resolve_pool:
         if decode is not None and decode.num_rows:
-            ids, positions, live = workspace.pool(0, decode.num_rows)
-            resolve_candidate_pool(ids, decode.row_lens, size, positions, live, backend=backend)
+            _resolve_pool(workspace, 0, decode.num_rows, decode.row_lens, config, group, backend)
         for chunk, plan in zip(metadata.chunks, metadata.plans, strict=True):
-            ids, positions, live = workspace.pool(chunk.token_start, chunk.token_end)
-            resolve_candidate_pool(ids, plan.row_ends, size, positions, live, backend=backend)
+            _resolve_pool(
+                workspace, chunk.token_start, chunk.token_end, plan.row_ends, config, group,
+                backend,
+            )  # fmt: skip
 
     if decode is not None and decode.num_rows:
         rows = decode.num_rows
@@ -360,15 +403,15 @@ def candidate_consumer(
                 backend=backend,
                 **_decode_grouping(metadata),  # type: ignore[arg-type]
             )
-            topk_per_row(compact, live, k, compact_topk, backend=backend)
-            remap_compact_topk(compact_topk, positions, size, topk_indices[:rows], backend=backend)
+            _pool_topk(compact, compact_topk, positions, live, topk_indices[:rows], config,
+                       group, backend)  # fmt: skip
         else:
             logits = workspace.decode_logits_view(rows, decode.width)
             _dense_logits(
                 _decode_placement(metadata), q, q_scale, weights, kv_cache, logits, config, backend
             )
             apply_candidate_mask(logits, positions, size, backend=backend)
-            topk_per_row(logits, decode.row_lens, k, topk_indices[:rows], backend=backend)
+            _row_topk(logits, decode.row_lens, k, topk_indices[:rows], group, backend)
 
     for chunk, plan in zip(metadata.chunks, metadata.plans, strict=True):
         if plan.use_gather:
@@ -380,7 +423,7 @@ def candidate_consumer(
             _chunk_placement(chunk, plan), q, q_scale, weights, kv_cache, logits, config, backend
         )
         apply_candidate_mask(logits, positions, size, backend=backend)
-        topk_per_row(logits, plan.row_ends, k, topk_indices[start:end], backend=backend)
+        _row_topk(logits, plan.row_ends, k, topk_indices[start:end], group, backend)
 
     for launch in metadata.gather_launches:
         start, end = launch.token_start, launch.token_end
@@ -403,5 +446,57 @@ def candidate_consumer(
             precision=config.precision,
             backend=backend,
         )
+        _pool_topk(compact, compact_topk, positions, live, topk_indices[start:end], config,
+                   group, backend)  # fmt: skip
+
+
+def _resolve_pool(
+    workspace: IndexerWorkspace,
+    start: int,
+    end: int,
+    row_ends: torch.Tensor,
+    config: IndexerConfig,
+    group: ContextParallelGroup | None,
+    backend: str | None,
+) -> None:
+    """The pool of step rows [start, end): sorted first positions and live columns. Under
+    context parallel, of this rank's blocks of the pool, at local positions (the ids of the
+    other ranks' blocks become -1, the local row ends bound the rest)."""
+    ids, positions, live = workspace.pool(start, end)
+    size = config.candidate_block_size
+    if group is not None:
+        ids = local_positions(group.ctx.blocks(size), ids)
+    resolve_candidate_pool(ids, row_ends, size, positions, live, backend=backend)
+
+
+def _pool_topk(
+    compact: torch.Tensor,
+    compact_topk: torch.Tensor,
+    positions: torch.Tensor,
+    live: torch.Tensor,
+    out: torch.Tensor,
+    config: IndexerConfig,
+    group: ContextParallelGroup | None,
+    backend: str | None,
+) -> None:
+    """The top-k of compact logits over the live columns, as key positions in `out`: on one
+    rank through `compact_topk` and the remap; under context parallel each compact column's
+    global position (`_compact_positions`) goes into the exchange."""
+    size, k = config.candidate_block_size, config.topk_tokens
+    if group is None:
         topk_per_row(compact, live, k, compact_topk, backend=backend)
-        remap_compact_topk(compact_topk, positions, size, topk_indices[start:end], backend=backend)
+        remap_compact_topk(compact_topk, positions, size, out, backend=backend)
+    else:
+        columns = _compact_positions(group, positions, size, compact.shape[1])
+        sharded_topk_at(group, compact, columns, live, k, out)
+
+
+def _compact_positions(
+    group: ContextParallelGroup, positions: torch.Tensor, size: int, width: int
+) -> torch.Tensor:
+    """int32 `[rows, width]`: the global position of compact column j, that of local
+    position `positions[r, j // C] + j % C` (-1 where the pool slot is -1)."""
+    cols = torch.arange(width, device=positions.device)
+    first = positions[:, cols // size]
+    local = torch.where(first >= 0, first + (cols % size).to(first.dtype), -1)
+    return global_positions(group.ctx, local)

@@ -150,7 +150,10 @@ class IndexerMetadata:
     Rows `[0, num_decode_tokens)` are decode rows (padding rows of a pure decode step
     included); rows `[num_decode_tokens, num_decode_tokens + num_prefill_tokens)` are prefill
     rows; `num_tokens` counts every row, graph padding included. `context_lens` is
-    `seq_lens // R` for every request (persistent buffer view).
+    `seq_lens // R` for every request (persistent buffer view). `global_row_ends`: under
+    context parallel (docs/contract.md section 10), int32 `[num_tokens]`, each row's global
+    end (the other row ends are rank-local; rows no launch reads hold stale values); None
+    on one rank.
     """
 
     num_reqs: int
@@ -165,3 +168,4 @@ class IndexerMetadata:
     plans: tuple[PrefillPlan, ...] = ()
     decode_use_gather: bool = False
     gather_launches: tuple[GatherLaunch, ...] = field(default_factory=tuple)
+    global_row_ends: torch.Tensor | None = None

@@ -17,6 +17,11 @@ code eagerly, on the caller's tensors; except that under adaptive verification a
 step above the largest size runs the captured step's code eagerly at its own size, since
 its host offsets may be a placeholder that only the device offsets correct.
 
+Context parallel (docs/contract.md section 10): a runner per rank, given its
+`ContextParallelGroup`, its rank-local caches and the rank's batches, replays the same
+graphs as every other rank (the host decisions are the global ones); each layer's top-k is
+the exchange across the ranks, recorded in the graph.
+
 What the caller owns: the KV caches (one per layer, allocated once; the runner records their
 addresses and graphs read them in place) and the step's `StepBatch` and `LayerInput`s, which
 are copied when needed, so they may be freed or reused after `step` returns.
@@ -42,6 +47,7 @@ from graphidx.builder import (
     canonical_device,
 )
 from graphidx.config import IndexerConfig
+from graphidx.distributed import ContextParallelGroup
 from graphidx.indexer import candidate_consumer, dense_indexer
 from graphidx.metadata import IndexerMetadata
 from graphidx.mxfp4.layout import cache_layout
@@ -133,6 +139,7 @@ class IndexerGraphRunner:
         capture_sizes: CaptureSizes | None = None,
         compile_layers: bool = False,
         compile_backend: str | None = None,
+        dcp: ContextParallelGroup | None = None,
     ) -> None:
         """`kv_caches`: one paged uint8 cache per layer (docs/contract.md section 4), never
         reallocated. `graph_backend`: "device" (CUDA/HIP graphs) or "tape" (any device).
@@ -142,6 +149,10 @@ class IndexerGraphRunner:
         plain layers. `compile_backend`: torch.compile's backend, by default "inductor" for
         device graphs and "eager" for the tape — the tape records dispatched ops, and
         inductor's fused kernels are not dispatched ops, so only "eager" is sound there.
+        `dcp`: this rank's `ContextParallelGroup` (docs/contract.md section 10), required when
+        `config.dcp_world_size` > 1 (then `kv_caches` are the rank's caches and every step's
+        batch the rank's: global lengths, its block table; every rank must run the same
+        steps, since each layer launch is one collective); ignored on one rank.
         Raises ValueError naming the option for anything that would fail later."""
         if not isinstance(config, IndexerConfig):
             raise ValueError(f"config must be an IndexerConfig, got {type(config).__name__}")
@@ -149,6 +160,7 @@ class IndexerGraphRunner:
             raise ValueError(f"stack must be an IndexerStack, got {type(stack).__name__}")
         self.config = config
         self.stack = stack
+        self.dcp = _check_dcp(config, dcp, compile_layers)
         self.device = canonical_device(device)
         self._check_caches(kv_caches)
         self.kv_caches = tuple(kv_caches)
@@ -585,7 +597,11 @@ class IndexerGraphRunner:
             )
             if kind == CONSUMER:
                 candidate_consumer(
-                    *args, config=cfg, resolve_pool=first_consumer, backend=self.ops_backend
+                    *args,
+                    config=cfg,
+                    resolve_pool=first_consumer,
+                    backend=self.ops_backend,
+                    dcp=self.dcp,
                 )
                 first_consumer = False
             else:
@@ -594,7 +610,35 @@ class IndexerGraphRunner:
                     config=cfg,
                     candidate_source=kind == SOURCE,
                     backend=self.ops_backend,
+                    dcp=self.dcp,
                 )
+
+
+def _check_dcp(
+    config: IndexerConfig, dcp: ContextParallelGroup | None, compile_layers: bool
+) -> ContextParallelGroup | None:
+    """The group the layers exchange through: None on one rank (the single-rank path), else
+    `dcp`, which must be a `ContextParallelGroup` matching the config's sharding."""
+    if dcp is not None and not isinstance(dcp, ContextParallelGroup):
+        raise ValueError(f"dcp must be a ContextParallelGroup or None, got {type(dcp).__name__}")
+    if config.dcp_world_size == 1:
+        if dcp is not None and dcp.ctx.world_size != 1:
+            raise ValueError(
+                f"dcp has world_size {dcp.ctx.world_size} but config.dcp_world_size is 1"
+            )
+        return None
+    if dcp is None:
+        raise ValueError(
+            f"config.dcp_world_size = {config.dcp_world_size}: dcp must be this rank's "
+            "ContextParallelGroup, got None"
+        )
+    dcp.check(config)
+    if compile_layers:
+        raise ValueError(
+            f"compile_layers=True with config.dcp_world_size = {config.dcp_world_size}: the "
+            "context-parallel exchange is not traced by torch.compile"
+        )
+    return dcp
 
 
 def _copy_rows(dst: torch.Tensor, src: torch.Tensor, rows: int) -> None:

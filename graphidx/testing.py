@@ -21,9 +21,11 @@ A request for kind "padded" draws one of the four, and the case's kind names whi
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -31,7 +33,9 @@ import torch
 from capture import CaptureSizes
 from graphidx.batch import StepBatch
 from graphidx.config import IndexerConfig, cdiv
+from graphidx.distributed import ContextParallel, global_positions, local_topk
 from graphidx.mxfp4 import cache_layout, quantize_mxfp4, write_k_cache
+from graphidx.mxfp4.layout import entry_offsets
 from graphidx.runner import IndexerGraphRunner, IndexerStack, LayerInput
 
 RUNTIME_PADDING = {
@@ -313,6 +317,133 @@ class StepGenerator:
         kinds = tuple(kinds)
         for _ in range(n):
             yield self.case(kinds[int(self.rng.integers(0, len(kinds)))])
+
+
+# --- context parallel: a rank's share of a step ------------------------------------------------
+
+
+def rank_cache_pages(config: IndexerConfig) -> int:
+    """Pages a rank's cache needs for any step `shard_kv_cache` shards: page 0 (left empty)
+    and, per request, the pages of the rank's share of a whole-length context."""
+    ctx = ContextParallel.from_config(config)
+    return 1 + config.max_num_seqs * cdiv(ctx.local_count(config.logits_width), config.page_entries)
+
+
+def shard_kv_cache(
+    config: IndexerConfig,
+    ctx: ContextParallel,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: list[int],
+    *,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `ctx.rank`'s share of a single-rank paged cache, as an ordinary paged cache.
+
+    `block_table` `[reqs, cols]` and `context_lens` (compressed entries per request; 0 for a
+    request that reads nothing) describe the single-rank cache. Request i's owned positions
+    p < context_lens[i] move to local index l (`global_positions(ctx, l) = p`) on fresh pages
+    of the rank's cache (page 0 is left empty, for the runtimes' padding forms), entry bytes
+    copied as they are. Returns `(rank_cache, rank_table)`: the table keeps the single-rank
+    table's width (unused columns page 0), so the batch validation that counts single-rank
+    pages accepts it. `out`: a cache to write into (its first pages; it must hold them), for
+    a runner whose caches never move; None: a fresh cache of just the pages used.
+    """
+    layout = cache_layout(config.num_heads, config.head_dim, config.page_entries)
+    values, scales = entry_offsets(layout)
+    pe = config.page_entries
+    local_lens = [ctx.local_count(n) for n in context_lens]
+    table = torch.zeros_like(block_table)
+    next_page = 1
+    for i, n in enumerate(local_lens):
+        pages = cdiv(n, pe)
+        table[i, :pages] = torch.arange(next_page, next_page + pages, dtype=table.dtype)
+        next_page += pages
+    if out is None:
+        out = torch.zeros(next_page, kv_cache.shape[1], dtype=torch.uint8, device=kv_cache.device)
+    elif out.shape[0] < next_page or out.shape[1] != kv_cache.shape[1]:
+        raise ValueError(
+            f"out has shape {tuple(out.shape)}; this step needs [>= {next_page}, "
+            f"{kv_cache.shape[1]}]"
+        )
+    out[0].zero_()
+    for i, n in enumerate(local_lens):
+        local = torch.arange(n, dtype=torch.int64, device=kv_cache.device)
+        glob = global_positions(ctx, local)
+        src_page = block_table[i].to(torch.int64)[glob // pe].unsqueeze(1)
+        dst_page = table[i].to(torch.int64)[local // pe].unsqueeze(1)
+        for offsets in (values, scales):
+            offsets = offsets.to(kv_cache.device)
+            out[dst_page, offsets[local % pe]] = kv_cache[src_page, offsets[glob % pe]]
+    return out, table
+
+
+def rank_batch(
+    batch: StepBatch, config: IndexerConfig, table: torch.Tensor, num_pages: int
+) -> StepBatch:
+    """The step as one rank sees it: the same lengths and offsets, its block table."""
+    return StepBatch(
+        batch.query_start_loc_cpu,
+        batch.seq_lens_upper_bound,
+        batch.query_start_loc,
+        batch.seq_lens,
+        table,
+        config=config,
+        num_tokens=batch.num_tokens,
+        num_pages=num_pages,
+        num_real_reqs=batch.num_real_reqs,
+    )
+
+
+def request_contexts(batch: StepBatch) -> list[int]:
+    """Compressed entries each request may read (0 for runtime padding requests)."""
+    lens = (batch.seq_lens // batch.config.compress_ratio).tolist()
+    return [n if i < batch.num_real_reqs else 0 for i, n in enumerate(lens)]
+
+
+def shard_case(
+    case: StepCase,
+    config: IndexerConfig,
+    kv_caches: Sequence[torch.Tensor],
+    out: Sequence[torch.Tensor],
+) -> StepCase:
+    """The rank's view of a single-rank `case` (`config` the rank's): every layer's cache
+    sharded into `out` (the rank runner's caches, `shard_kv_cache`), the batch with the
+    rank's block table and page count. "adaptive" cases are not sharded (ValueError)."""
+    if case.device_rows is not None:
+        raise ValueError(f"case kind {case.kind!r} (device rows) cannot be sharded")
+    ctx = ContextParallel.from_config(config)
+    contexts = request_contexts(case.batch)
+    table = case.batch.block_table
+    for cache, rank_cache in zip(kv_caches, out, strict=True):
+        _, table = shard_kv_cache(
+            config, ctx, cache, case.batch.block_table, contexts, out=rank_cache
+        )
+    num_pages = min(int(c.shape[0]) for c in out)
+    return StepCase(case.kind, rank_batch(case.batch, config, table, num_pages), case.inputs)
+
+
+def _ordered_topk(
+    logits: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> None:
+    """`topk_per_row` in the selection order (one rank's `local_topk`)."""
+    del backend
+    local_topk(ContextParallel(), logits, lengths, k, out)
+
+
+@contextmanager
+def selection_order() -> Iterator[None]:
+    """Single-rank layers pick every top-k (tokens and candidate blocks) in the selection
+    order of docs/contract.md section 10 (larger score first, ties to the smaller position),
+    the order a context-parallel merge follows: ReLU scores tie often, and the single-rank
+    kernels may break ties any way. For references only (the reference top-k's speed)."""
+    with mock.patch("graphidx.indexer.topk_per_row", _ordered_topk):
+        yield
 
 
 def tape_runner(

@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
@@ -29,19 +26,22 @@ import torch
 from capture import GraphCache, StepShape
 from graphidx.batch import StepBatch
 from graphidx.builder import CandidateIndexerMetadataBuilder, IndexerMetadataBuilder
-from graphidx.config import IndexerConfig, cdiv
+from graphidx.config import IndexerConfig
 from graphidx.distributed import (
     ContextParallel,
     ContextParallelGroup,
-    global_positions,
     local_lengths,
-    local_topk,
 )
 from graphidx.indexer import candidate_consumer, dense_indexer
-from graphidx.mxfp4 import cache_layout
-from graphidx.mxfp4.layout import entry_offsets
 from graphidx.runner import IndexerStack, LayerInput
-from graphidx.testing import StepCase, StepGenerator
+from graphidx.testing import (
+    StepCase,
+    StepGenerator,
+    rank_batch,
+    request_contexts,
+    selection_order,
+    shard_kv_cache,
+)
 from graphidx.workspace import IndexerWorkspace
 
 BACKEND = "reference"
@@ -101,70 +101,6 @@ SETUPS = (
     Setup("r4-s16", next_n=1, ratio=4, interleave=16, seed=12, max_context=6000),
     Setup("spec2-s64", next_n=2, ratio=1, interleave=64, seed=13, max_context=2000),
 )
-
-
-# --- the rank-local cache ---------------------------------------------------------------------
-
-
-def shard_kv_cache(
-    config: IndexerConfig,
-    ctx: ContextParallel,
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    context_lens: list[int],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank `ctx.rank`'s share of a single-rank paged cache, as an ordinary paged cache.
-
-    `block_table` `[reqs, cols]` and `context_lens` (compressed entries per request; 0 for a
-    request that reads nothing) describe the single-rank cache. Request i's owned positions
-    p < context_lens[i] move to local index l (`global_positions(ctx, l) = p`) on fresh pages
-    of the rank's cache (page 0 is left empty, for the runtimes' padding forms), entry bytes
-    copied as they are. Returns `(rank_cache, rank_table)`: the table keeps the single-rank
-    table's width (unused columns page 0), so the batch validation that counts single-rank
-    pages accepts it.
-    """
-    layout = cache_layout(config.num_heads, config.head_dim, config.page_entries)
-    values, scales = entry_offsets(layout)
-    pe = config.page_entries
-    local_lens = [ctx.local_count(n) for n in context_lens]
-    table = torch.zeros_like(block_table)
-    next_page = 1
-    for i, n in enumerate(local_lens):
-        pages = cdiv(n, pe)
-        table[i, :pages] = torch.arange(next_page, next_page + pages, dtype=table.dtype)
-        next_page += pages
-    rank_cache = torch.zeros(next_page, kv_cache.shape[1], dtype=torch.uint8)
-    for i, n in enumerate(local_lens):
-        local = torch.arange(n, dtype=torch.int64)
-        glob = global_positions(ctx, local)
-        src_page = block_table[i].to(torch.int64)[glob // pe].unsqueeze(1)
-        dst_page = table[i].to(torch.int64)[local // pe].unsqueeze(1)
-        for offsets in (values, scales):
-            rank_cache[dst_page, offsets[local % pe]] = kv_cache[src_page, offsets[glob % pe]]
-    return rank_cache, table
-
-
-def rank_batch(
-    batch: StepBatch, config: IndexerConfig, table: torch.Tensor, num_pages: int
-) -> StepBatch:
-    """The step as one rank sees it: the same lengths and offsets, its block table."""
-    return StepBatch(
-        batch.query_start_loc_cpu,
-        batch.seq_lens_upper_bound,
-        batch.query_start_loc,
-        batch.seq_lens,
-        table,
-        config=config,
-        num_tokens=batch.num_tokens,
-        num_pages=num_pages,
-        num_real_reqs=batch.num_real_reqs,
-    )
-
-
-def request_contexts(batch: StepBatch) -> list[int]:
-    """Compressed entries each request may read (0 for runtime padding requests)."""
-    lens = (batch.seq_lens // batch.config.compress_ratio).tolist()
-    return [n if i < batch.num_real_reqs else 0 for i, n in enumerate(lens)]
 
 
 # --- running one layer ------------------------------------------------------------------------
@@ -343,26 +279,6 @@ def _worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _ordered_topk(
-    logits: torch.Tensor,
-    lengths: torch.Tensor,
-    k: int,
-    out: torch.Tensor,
-    *,
-    backend: str | None = None,
-) -> None:
-    """`topk_per_row` in the selection order (one rank's `local_topk`)."""
-    del backend
-    local_topk(ContextParallel(), logits, lengths, k, out)
-
-
-@contextmanager
-def selection_order() -> Iterator[None]:
-    """Single-rank layers pick their top-k in the selection order."""
-    with mock.patch("graphidx.indexer.topk_per_row", _ordered_topk):
-        yield
-
-
 def _single_rank_results() -> dict[str, torch.Tensor]:
     """The W = 1 answers in the selection order, keyed as `_rank_results`."""
     with selection_order():
@@ -458,11 +374,12 @@ def test_bad_configurations_raise(gen: torch.Generator) -> None:
     setup = SETUPS[0]
     with pytest.raises(ValueError, match="dcp_rank"):
         setup.config(2, 2)
-    # Two-level stacks are not wired: refused by the builders.
+    # An interleave that splits a candidate block.
+    with pytest.raises(ValueError, match="multiple of candidate_block_size"):
+        IndexerConfig.cpu_demo(dcp_world_size=2, dcp_interleave=12)
+    # Two-level stacks plan their rank's share, global row ends kept.
     two_level = IndexerConfig.cpu_demo(dcp_world_size=2, dcp_rank=1)
-    for builder in (IndexerMetadataBuilder, CandidateIndexerMetadataBuilder):
-        with pytest.raises(ValueError, match="two-level"):
-            builder(two_level, "cpu")
+    assert "global_row_ends" in CandidateIndexerMetadataBuilder(two_level, "cpu").buffers()
     # A rank-local page the cache layout cannot tile.
     with pytest.raises(ValueError, match="rank-local cache cannot be tiled"):
         IndexerMetadataBuilder(
@@ -506,20 +423,21 @@ def test_bad_configurations_raise(gen: torch.Generator) -> None:
     got = _layer(single, single_metadata, cache, layer, ContextParallelGroup(ContextParallel()))
     assert torch.equal(got, want)
 
-    # Candidate sources and consumers refuse W > 1 (the config with candidate blocks but no
-    # sparse logits is accepted by the builder; its layers are not wired).
-    blocks = config.replace(candidate_block_size=8, candidate_topk_blocks=4, dcp_interleave=8)
+    # Candidate sources and consumers need the group under W > 1 too.
+    blocks = config.replace(
+        candidate_block_size=8, candidate_topk_blocks=4, sparse_logits=True, dcp_interleave=8
+    )
     blocks_builder = IndexerMetadataBuilder(blocks, "cpu", num_pages=rank_cache.shape[0])
     blocks_metadata = blocks_builder.build(
         rank_batch(case.batch, blocks, table, rank_cache.shape[0])
     )
     blocks_workspace = IndexerWorkspace(blocks, "cpu")
-    with pytest.raises(ValueError, match="candidate_source=True: context parallel"):
+    with pytest.raises(ValueError, match="dcp must be a ContextParallelGroup"):
         dense_indexer(
             blocks_metadata, layer.q, layer.q_scale, layer.weights, rank_cache, out,
             blocks_workspace, config=blocks, candidate_source=True, backend=BACKEND,
         )  # fmt: skip
-    with pytest.raises(ValueError, match="candidate_consumer: context parallel"):
+    with pytest.raises(ValueError, match="dcp must be a ContextParallelGroup"):
         candidate_consumer(
             blocks_metadata, layer.q, layer.q_scale, layer.weights, rank_cache, out,
             blocks_workspace, config=blocks, resolve_pool=True, backend=BACKEND,

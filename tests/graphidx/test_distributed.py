@@ -20,7 +20,9 @@ from graphidx.distributed import (
     local_lengths,
     local_positions,
     local_topk,
+    local_topk_at,
     merge_topk,
+    unpin_foreign_newest_block,
 )
 
 NEG_INF = float("-inf")
@@ -221,6 +223,48 @@ def test_merge_equals_single_rank_topk(
         assert single_pos.tolist() == want_pos and single_vals.tolist() == want_val
 
 
+def test_local_topk_at_equals_local_topk_on_the_rank_map(gen: torch.Generator) -> None:
+    """Columns given their global positions pick as `local_topk` does with the rank's map;
+    a -1 column is never picked."""
+    ctx = ContextParallel(3, 1, 4)
+    rows, width, k = 12, 40, 9
+    scores = quantized_scores(gen, rows, width)
+    lengths = torch.randint(0, width + 1, (rows,), generator=gen, dtype=torch.int32)
+    want = torch.empty(rows, k, dtype=torch.int32)
+    local_topk(ctx, scores, lengths, k, want)
+    cols = global_positions(ctx, torch.arange(width, dtype=torch.int32)).expand(rows, width)
+    got = torch.empty(rows, k, dtype=torch.int32)
+    local_topk_at(scores, cols.contiguous(), lengths, k, got)
+    assert torch.equal(got, want)
+    hidden = cols.clone()
+    hidden[:, 0] = -1
+    local_topk_at(scores, hidden, lengths, k, got)
+    assert not bool((got == cols[0, 0]).any())
+
+
+def test_unpin_keeps_only_the_global_newest_block() -> None:
+    """The pinned block of a row's newest local key keeps +inf only on the rank holding the
+    row's newest global key; elsewhere it gets its max over the visible columns."""
+    c, s = 4, 8
+    logits = torch.arange(24, dtype=torch.float32).repeat(3, 1)
+    # Rows: global end 20 (newest 19, held by rank 0 of 2 with S = 8: positions 16..23),
+    # global end 9 (newest 8, rank 1 holds 8..15), global end 0.
+    global_ends = torch.tensor([20, 9, 0], dtype=torch.int32)
+    for rank, keeps in ((0, [True, False]), (1, [False, True])):
+        ctx = ContextParallel(2, rank, s)
+        local_ends = local_lengths(ctx, global_ends)
+        blocks = torch.zeros(3, 6)
+        newest = ((local_ends.long() - 1).clamp(min=0) // c).tolist()
+        for r in range(2):
+            blocks[r, newest[r]] = float("inf")
+        unpin_foreign_newest_block(ctx, logits, blocks, local_ends, global_ends, c)
+        for r in range(2):
+            n = int(local_ends[r])
+            real = float(logits[r, newest[r] * c : n].max())
+            assert float(blocks[r, newest[r]]) == (float("inf") if keeps[r] else real)
+        assert not bool(blocks[2].any())
+
+
 def test_merge_candidate_order_and_padding(gen: torch.Generator) -> None:
     """Candidates in any order per rank, kl != k, and k larger than all candidates."""
     w, rows, kl = 3, 5, 4
@@ -374,9 +418,9 @@ def test_exchange_and_merge_across_gloo_ranks(tmp_path: Path, world_size: int) -
             assert torch.equal(other[name], first), name
 
 
-def test_context_parallel_from_the_config_and_refused_by_the_builders() -> None:
+def test_context_parallel_from_the_config() -> None:
     """The config's dcp fields give each rank's `ContextParallel` (interleave defaulting to
-    C); the builders refuse W > 1 for two-level stacks (dense layers: test_dcp_dense.py)."""
+    C), and its view of candidate blocks; the builders plan a two-level rank's share."""
     from graphidx.builder import IndexerMetadataBuilder
     from graphidx.config import IndexerConfig
     from graphidx.distributed import ContextParallel
@@ -387,5 +431,8 @@ def test_context_parallel_from_the_config_and_refused_by_the_builders() -> None:
     assert ContextParallel.from_config(config.replace(dcp_interleave=64)).interleave == 64
     single = ContextParallel.from_config(IndexerConfig.cpu_demo())
     assert (single.world_size, single.rank) == (1, 0)
-    with pytest.raises(ValueError, match="not yet for two-level"):
-        IndexerMetadataBuilder(config, "cpu")
+    blocks = ContextParallel(4, 3, 16).blocks(8)
+    assert (blocks.world_size, blocks.rank, blocks.interleave) == (4, 3, 2)
+    with pytest.raises(ValueError, match="multiple of candidate_block_size"):
+        ContextParallel(4, 3, 12).blocks(8)
+    assert IndexerMetadataBuilder(config, "cpu").context_parallel == cp

@@ -1,0 +1,232 @@
+"""Context parallel through the runner on the tape backend, dense and two-level stacks
+(docs/contract.md section 10).
+
+Each of W gloo ranks builds a tape `IndexerGraphRunner` over its rank-local caches (the
+single-rank caches sharded, `graphidx.testing.shard_case`), captures the uniform-decode
+ladder and runs random steps (uniform, ragged, padded, runtime padding forms, mixed, pure
+prefill; speculative next_n = 2) three ways: eager unpadded, eager padded, and the normal
+path that replays the captured graph (the exchange recorded on the tape). Every rank's top-k
+of every layer must equal the W = 1 runner's on every real row, exactly, the W = 1 layers
+picking in the selection order (`graphidx.testing.selection_order`). The two-level stack
+(candidate source, then consumers) covers the source's block-score merge, the pool resolved
+to each rank's part and the consumers' merge, through both the gather and the dense + mask
+paths.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from capture import CaptureSizes
+from graphidx.builder import CandidateIndexerMetadataBuilder
+from graphidx.config import IndexerConfig
+from graphidx.distributed import ContextParallel, ContextParallelGroup
+from graphidx.runner import IndexerGraphRunner, IndexerStack
+from graphidx.testing import (
+    StepCase,
+    StepGenerator,
+    rank_cache_pages,
+    selection_order,
+    shard_case,
+)
+
+NUM_PAGES = 96
+KINDS = ("decode", "decode", "ragged", "padded", "mixed", "prefill", "pad-vllm-zero")
+MODES = ("unpadded", "padded", "normal", "masked")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A stack and the W = 1 config's fields that differ between setups."""
+
+    name: str
+    stack: IndexerStack
+    next_n: int
+    ratio: int
+    candidate_block_size: int
+    interleave: int
+    seed: int
+
+    def config(self, world_size: int = 1, rank: int = 0) -> IndexerConfig:
+        c = self.candidate_block_size
+        return IndexerConfig(
+            num_heads=4,
+            head_dim=64,
+            compress_ratio=self.ratio,
+            block_size=64 * self.ratio,
+            max_model_len=2048 * self.ratio,
+            num_speculative_tokens=self.next_n - 1,
+            topk_tokens=32,
+            candidate_block_size=c,
+            candidate_topk_blocks=8 if c else 0,
+            sparse_logits=bool(c),
+            max_logits_bytes=48 * 1024,  # prefill chunks get cut
+            max_num_seqs=8,
+            max_num_batched_tokens=128,
+            dcp_world_size=world_size,
+            dcp_rank=rank,
+            dcp_interleave=self.interleave if world_size > 1 else 0,
+        )
+
+    def cases(self) -> tuple[list[torch.Tensor], list[StepCase]]:
+        """The single-rank caches and the steps (identical in every process)."""
+        gen = StepGenerator(
+            self.config(), self.stack, num_pages=NUM_PAGES, seed=self.seed, max_context=1500
+        )
+        return gen.kv_caches(), [gen.case(kind) for kind in KINDS]
+
+
+SETUPS = (
+    Setup("v41", IndexerStack(dense=1, candidate_source=True, consumers=2), 2, 1, 8, 8, seed=22),
+    Setup("v41-r4", IndexerStack(candidate_source=True, consumers=1), 1, 4, 8, 16, seed=23),
+)
+
+
+def masked_decode(runner: IndexerGraphRunner) -> None:
+    """Make the runner's eager steps plan decode as an eager builder does and never gather
+    it, so that the consumers' decode rows take the dense + mask path."""
+    builder = runner.builder
+    assert isinstance(builder, CandidateIndexerMetadataBuilder)
+    builder.full_graph_decode = False
+    builder.decode_gather_width = 2**31
+
+
+def runner_for(
+    config: IndexerConfig, stack: IndexerStack, caches: list[torch.Tensor], **options: object
+) -> IndexerGraphRunner:
+    sizes = CaptureSizes(max_size=8 * config.next_n, uniform_query_len=config.next_n)
+    return IndexerGraphRunner(
+        config, stack, caches, "cpu", graph_backend="tape", capture_sizes=sizes,
+        ops_backend="reference", **options,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _setup_results(setup: Setup, world_size: int, rank: int) -> dict[str, torch.Tensor]:
+    config = setup.config(world_size, rank)
+    dcp = ContextParallelGroup(ContextParallel.from_config(config))
+    caches, cases = setup.cases()
+    width = caches[0].shape[1]
+    rank_caches = [torch.zeros(rank_cache_pages(config), width, dtype=torch.uint8) for _ in caches]
+    runner = runner_for(config, setup.stack, rank_caches, dcp=dcp)
+    runner.capture()
+    results: dict[str, torch.Tensor] = {}
+    replayed = 0
+    for i, case in enumerate(cases):
+        mine = shard_case(case, config, caches, rank_caches)
+        n = mine.num_real_tokens
+        runs = (
+            runner.step(mine.reference, mine.inputs, pad=False),
+            runner.step(mine.batch, mine.inputs, force_eager=True),
+            runner.step(mine.batch, mine.inputs),
+        )
+        replayed += int(runs[2].replayed)
+        for mode, run in zip(MODES[:3], runs, strict=True):
+            results[f"{setup.name}/{i}/{mode}"] = run.topk[:, :n].clone()
+    assert replayed >= 2, f"{setup.name}: only {replayed} steps replayed"
+    masked_decode(runner)
+    for i, case in enumerate(cases):
+        mine = shard_case(case, config, caches, rank_caches)
+        run = runner.step(mine.reference, mine.inputs, pad=False)
+        results[f"{setup.name}/{i}/masked"] = run.topk[:, : mine.num_real_tokens].clone()
+    return results
+
+
+def _check_runner_refusals(world_size: int, rank: int) -> None:
+    """A W > 1 runner needs its matching group, and refuses what it cannot run."""
+    setup = SETUPS[0]
+    config = setup.config(world_size, rank)
+    caches = [torch.zeros(rank_cache_pages(config), 4096, dtype=torch.uint8)] * 4
+    dcp = ContextParallelGroup(ContextParallel.from_config(config))
+    with pytest.raises(ValueError, match="compile_layers"):
+        runner_for(config, setup.stack, caches, dcp=dcp, compile_layers=True)
+    with pytest.raises(ValueError, match="dcp has"):
+        runner_for(config.replace(dcp_interleave=16), setup.stack, caches, dcp=dcp)
+
+
+def _worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=90),
+    )
+    try:
+        _check_runner_refusals(world_size, rank)
+        results: dict[str, torch.Tensor] = {}
+        for setup in SETUPS:
+            results.update(_setup_results(setup, world_size, rank))
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _single_rank_results() -> dict[str, torch.Tensor]:
+    """The W = 1 runner's eager unpadded answers in the selection order, per case."""
+    results: dict[str, torch.Tensor] = {}
+    with selection_order():
+        for setup in SETUPS:
+            caches, cases = setup.cases()
+            runner = runner_for(setup.config(), setup.stack, caches)
+            for i, case in enumerate(cases):
+                run = runner.step(case.reference, case.inputs, pad=False)
+                results[f"{setup.name}/{i}"] = run.topk[:, : case.num_real_tokens].clone()
+            masked_decode(runner)
+            for i, case in enumerate(cases):
+                run = runner.step(case.reference, case.inputs, pad=False)
+                assert torch.equal(
+                    run.topk[:, : case.num_real_tokens], results[f"{setup.name}/{i}"]
+                )
+    return results
+
+
+def _gloo_available() -> bool:
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_gloo_available())
+
+
+@pytest.mark.skipif(not _gloo_available(), reason="torch.distributed with gloo is unavailable")
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_runner_across_gloo_ranks_equals_one_rank(tmp_path: Path, world_size: int) -> None:
+    import torch.multiprocessing as mp
+
+    context = mp.spawn(
+        _worker,
+        args=(world_size, str(tmp_path / "init"), str(tmp_path)),
+        nprocs=world_size,
+        join=False,
+    )
+    want = _single_rank_results()  # while the ranks run
+    deadline = time.monotonic() + 150
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for proc in context.processes:
+                proc.kill()
+            pytest.fail(f"{world_size} gloo ranks did not finish within 150 s")
+    answers = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
+    assert len(answers[0]) == len(MODES) * len(want)
+    for key, single in want.items():
+        assert bool((single >= 0).any()), key
+        for mode in MODES:
+            for rank, got in enumerate(answers):
+                assert torch.equal(got[f"{key}/{mode}"], single), f"{key}/{mode} on rank {rank}"
+
+
+def test_runner_refuses_a_missing_group() -> None:
+    setup = SETUPS[0]
+    config = setup.config(2, 0)
+    caches = [torch.zeros(rank_cache_pages(config), 4096, dtype=torch.uint8)] * 4
+    with pytest.raises(ValueError, match="dcp must be this rank's ContextParallelGroup"):
+        runner_for(config, setup.stack, caches)
+    with pytest.raises(ValueError, match="dcp must be a ContextParallelGroup"):
+        runner_for(config, setup.stack, caches, dcp=ContextParallel.from_config(config))
