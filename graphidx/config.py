@@ -31,6 +31,7 @@ class IndexerConfig:
     Units: `block_size` counts uncompressed tokens per KV page; `max_model_len` counts
     uncompressed tokens; `max_logits_bytes` bounds one prefill launch's fp32 logits.
     `candidate_block_size` (C) of 0 means no candidate blocks (single-level indexer).
+    The model defaults (head_dim through topk_tokens) are DeepSeek-V3.2's indexer.
     `precision` is the logits ops' mode ("exact", "fp8" or None for the device's default;
     docs/contract.md section 5.8); whether the device can run it is checked by the ops.
     `dcp_world_size`, `dcp_rank`, `dcp_interleave`: decode context parallel (section 10): rank
@@ -190,17 +191,9 @@ class IndexerConfig:
     # Presets.
     @classmethod
     def deepseek_v32(cls, **overrides: Any) -> IndexerConfig:
-        """DeepSeek-V3.2's lightning indexer: 64 heads of 128, top-2048, pages of 64, R = 1."""
-        base: dict[str, Any] = dict(
-            num_heads=64,
-            head_dim=128,
-            compress_ratio=1,
-            block_size=64,
-            max_model_len=163840,
-            topk_tokens=2048,
-        )
-        base.update(overrides)
-        return cls(**base)
+        """DeepSeek-V3.2's lightning indexer: 64 heads of 128, top-2048, pages of 64, R = 1
+        (the class defaults with 64 heads)."""
+        return cls(**{"num_heads": 64, **overrides})
 
     @classmethod
     def deepseek_v41_flash(cls, **overrides: Any) -> IndexerConfig:
@@ -226,24 +219,21 @@ class IndexerConfig:
 
     @classmethod
     def cpu_demo(cls, **overrides: Any) -> IndexerConfig:
-        """A V4.1-shaped two-level indexer scaled down to run in seconds on a CPU."""
-        base: dict[str, Any] = dict(
+        """`deepseek_v41_flash` scaled down to run in seconds on a CPU: the same R = 1,
+        speculative token and candidate blocks of 8, with 8 heads of 64, top-64, a pool of 16
+        blocks, pages of 64 and small serving limits."""
+        scaled: dict[str, Any] = dict(
             num_heads=8,
             head_dim=64,
-            compress_ratio=1,
             block_size=64,
             max_model_len=4096,
-            num_speculative_tokens=1,
             topk_tokens=64,
-            candidate_block_size=8,
             candidate_topk_blocks=16,
-            sparse_logits=True,
             max_logits_bytes=4 * MIB,
             max_num_seqs=32,
             max_num_batched_tokens=1024,
         )
-        base.update(overrides)
-        return cls(**base)
+        return cls.deepseek_v41_flash(**{**scaled, **overrides})
 
     @classmethod
     def from_hf_config(
