@@ -35,6 +35,7 @@ import torch
 
 from graphidx.batch import StepBatch
 from graphidx.config import cdiv
+from graphidx.ops.validate import check_kind
 from graphidx.runner import IndexerGraphRunner
 
 SEQ_LEN_FILL_VALUE = 1
@@ -103,20 +104,7 @@ class SGLangIndexerHooks:
                 f"page_size = {page_size} but the runner's config.block_size = "
                 f"{config.block_size}: the indexer cache must page like SGLang's KV pool"
             )
-        if (
-            not isinstance(req_to_token, torch.Tensor)
-            or req_to_token.dim() != 2
-            or req_to_token.dtype != torch.int32
-            or req_to_token.device != runner.device
-        ):
-            got = (
-                f"{req_to_token.dtype} {tuple(req_to_token.shape)} on {req_to_token.device}"
-                if isinstance(req_to_token, torch.Tensor)
-                else type(req_to_token).__name__
-            )
-            raise ValueError(
-                f"req_to_token must be a 2-D int32 tensor on {runner.device}, got {got}"
-            )
+        check_kind("req_to_token", req_to_token, rank=2, dtype=torch.int32, device=runner.device)
         for name in ("seq_lens", "block_table"):
             if name not in runner.buffers:
                 raise ValueError(f"runner.buffers has no {name!r} step buffer")

@@ -53,6 +53,26 @@ def check_tensor(
     return tensor
 
 
+def check_kind(
+    name: str, value: object, *, rank: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A `rank`-D `dtype` tensor on `device`; any mismatch raises one ValueError,
+    `{name} must be a {rank}-D {dtype} tensor on {device}, got {its dtype, shape, device}`."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dim() == rank
+        and value.dtype == dtype
+        and value.device == device
+    ):
+        return value
+    if isinstance(value, torch.Tensor):
+        got = f"{value.dtype} {tuple(value.shape)} on {value.device}"
+    else:
+        got = type(value).__name__
+    kind = str(dtype).removeprefix("torch.")
+    raise ValueError(f"{name} must be a {rank}-D {kind} tensor on {device}, got {got}")
+
+
 def _shape_matches(got: torch.Size, want: tuple[int | None, ...]) -> bool:
     """Every known dim of `want` equals `got`'s (and the ranks agree): the hot path of every
     op wrapper, kept to one plain loop."""
