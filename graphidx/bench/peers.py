@@ -171,7 +171,9 @@ def deepgemm_decode_case(
     cache = cache.view(seqs * pages, PEER_BLOCK, 1, PEER_ENTRY_BYTES)
     q = torch.randn(seqs, next_n, num_heads, HEAD_DIM, device=device).to(torch.float8_e4m3fn)
     weights = torch.rand(seqs * next_n, num_heads, device=device)
-    lens = torch.full((seqs,), context, dtype=torch.int32, device=device)
+    # Per row (request, j): the keys it sees, context - next_n + 1 + j (DeepGEMM's 2-D lengths).
+    ends = [[context - next_n + 1 + j for j in range(next_n)] for _ in range(seqs)]
+    lens = torch.tensor(ends, dtype=torch.int32, device=device)
     schedule = deep_gemm.get_paged_mqa_logits_metadata(lens, PEER_BLOCK, deep_gemm.get_num_sms())
     width = pages * PEER_BLOCK
 
