@@ -20,6 +20,32 @@ _POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
 _BACKEND = inspect.Parameter("backend", _POSITIONAL, annotation=str)
 
 
+def _forwarding_body(
+    name: str, reference: Callable[..., None], kernels: str, params: list[inspect.Parameter]
+) -> Callable[..., None]:
+    """`body(<params>, backend)`: runs the backend's implementation, passing the positional
+    params positionally and the keyword-only ones by keyword.
+
+    Compiled from source with the params spelled out, as dataclasses does, so a call costs
+    what a hand-written body costs (the eager path runs it once per op launch).
+    """
+    names = [p.name for p in params]
+    passed = [p.name if p.kind is _POSITIONAL else f"{p.name}={p.name}" for p in params]
+    source = (
+        f"def body({', '.join(names)}, backend):\n"
+        f"    implementation(backend, reference, kernels, name)({', '.join(passed)})\n"
+    )
+    scope: dict[str, Any] = {
+        "implementation": implementation,
+        "reference": reference,
+        "kernels": kernels,
+        "name": name,
+    }
+    exec(source, scope)
+    body: Callable[..., None] = scope["body"]
+    return body
+
+
 def define_op(
     name: str,
     reference: Callable[..., None],
@@ -30,22 +56,15 @@ def define_op(
     """Register `graphidx::<name>` and return its launcher.
 
     The op takes `reference`'s parameters in their order, each positional and without its
-    default, then `backend: str`; its schema is inferred from their annotations. The body
-    runs `implementation(backend, reference, kernels, name)` with the reference's positional
-    parameters passed positionally and its keyword-only ones by keyword, so the Triton and
-    aiter functions keep the reference's calling convention. The launcher takes the op's
+    default, then `backend: str`; its schema is inferred from their annotations. Its body
+    forwards to `implementation(backend, reference, kernels, name)` in the reference's
+    calling convention, which the Triton and aiter functions share. The launcher takes the op's
     operands positionally, the resolved backend last, and runs them through
     `run_op(torch.ops.graphidx.<name>, body, ...)`.
     """
     signature = inspect.signature(reference, eval_str=True)
     params = list(signature.parameters.values())
-    positional = sum(p.kind is _POSITIONAL for p in params)
-    keywords = tuple(p.name for p in params[positional:])
-
-    def body(*operands: Any) -> None:
-        impl = implementation(operands[-1], reference, kernels, name)
-        impl(*operands[:positional], **dict(zip(keywords, operands[positional:-1], strict=True)))
-
+    body = _forwarding_body(name, reference, kernels, params)
     operand_params = [p.replace(kind=_POSITIONAL, default=inspect.Parameter.empty) for p in params]
     body.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [*operand_params, _BACKEND], return_annotation=signature.return_annotation
