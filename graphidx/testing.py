@@ -532,6 +532,7 @@ def check_replay(
     cases: Iterable[StepCase],
     *,
     on_case: object = None,
+    expected: Iterable[torch.Tensor] | None = None,
 ) -> ReplayReport:
     """Run every case eager-unpadded, eager-padded and normally; compare real rows' top-k.
 
@@ -539,10 +540,13 @@ def check_replay(
     the padded runs take `case.batch` as the caller gave it, runtime padding requests
     included, and only their real rows (`case.num_real_tokens`) are compared. A mismatch
     names the case, layer, row and which comparison failed. The runner's own padding rows
-    (past the real rows, up to the padded shape) must hold only -1.
+    (past the real rows, up to the padded shape) must hold only -1. `expected`: one top-k
+    `[layers, real rows, topk_tokens]` per case (a context-parallel rank's W = 1 answers),
+    which the reference must match too.
     """
     report = ReplayReport()
     poison = runner.topk_buffer
+    answers = iter(expected) if expected is not None else None
     for index, case in enumerate(cases):
         n = case.num_real_tokens
         # Every run writes the same persistent top-k buffer: poison it first, so that a run
@@ -550,6 +554,8 @@ def check_replay(
         # run's answer.
         poison.fill_(-2)
         ref = runner.step(case.reference, case.inputs, pad=False).topk[:, :n].clone()
+        if answers is not None:
+            _compare(report, index, case.kind, next(answers), ref, "unpadded eager != W = 1")
         poison.fill_(-2)
         eager = runner.step(case.batch, case.inputs, force_eager=True)
         eager_topk = eager.topk[:, :n].clone()

@@ -10,18 +10,31 @@ through the normal replay path. Prints `N cases, M mismatches` last.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from capture import CaptureSizes
 from graphidx.config import IndexerConfig
+from graphidx.distributed import ContextParallel, ContextParallelGroup
 from graphidx.ops.backend import default_backend, resolve_precision
 from graphidx.runner import IndexerGraphRunner, IndexerStack
-from graphidx.testing import ReplayReport, StepGenerator, check_replay
+from graphidx.testing import (
+    ReplayReport,
+    StepCase,
+    StepGenerator,
+    check_replay,
+    rank_cache_pages,
+    selection_order,
+    shard_case,
+)
 
 
 @dataclass(frozen=True)
@@ -158,11 +171,22 @@ def run_replay_check(
     progress: bool = True,
     print_fn=print,
     precision: str = "both",
+    dcp: int = 1,
 ) -> int:
     """Run `cases` random steps over the harness shapes in `precision` (`harness_precisions`);
-    print and return the mismatches."""
+    print and return the mismatches. `dcp` W > 1: `run_replay_check_dcp` (W CPU processes,
+    gloo, the tape backend, exact precision)."""
     if cases < 1:
         raise ValueError(f"cases must be >= 1, got {cases}")
+    if not isinstance(dcp, int) or isinstance(dcp, bool) or dcp < 1:
+        raise ValueError(f"dcp must be an int >= 1, got {dcp!r}")
+    if dcp > 1:
+        if backend != "tape" or device.type != "cpu":
+            raise ValueError(
+                f"dcp = {dcp} runs CPU processes over gloo: it needs --backend tape on the cpu "
+                f"device, got {backend!r} on {device}"
+            )
+        return run_replay_check_dcp(dcp, cases=cases, seed=seed, print_fn=print_fn)
     if backend == "device" and device.type != "cuda":
         raise ValueError("--backend device needs a CUDA/ROCm GPU (use --backend tape on a CPU)")
     shapes = harness_shapes(device, harness_precisions(precision, device))
@@ -213,3 +237,154 @@ def _kind(gen: StepGenerator, index: int) -> str:
     """Half the cases uniform decode (the replayed path), the rest spread over other kinds."""
     kinds = ("decode", "decode", "ragged", "padded", "mixed", "prefill", "adaptive")
     return kinds[(index // 3) % len(kinds)]
+
+
+# --- context parallel: W CPU ranks over gloo --------------------------------------------------
+
+DCP_KINDS = ("decode", "decode", "ragged", "padded", "mixed", "prefill", "pad-vllm-zero")
+DCP_MAX_CAPTURE = 32
+
+
+def dcp_shapes(world_size: int) -> list[HarnessShape]:
+    """The CPU harness shapes a context-parallel check runs (adaptive verification left out:
+    its cases are not sharded), each rank's config of `world_size`, capture ladders up to
+    `DCP_MAX_CAPTURE` tokens."""
+    shapes = [s for s in harness_shapes(torch.device("cpu")) if not s.config.adaptive_verification]
+    return [
+        HarnessShape(
+            s.name,
+            s.config.replace(dcp_world_size=world_size),
+            s.stack,
+            s.max_context,
+            min(s.max_capture, DCP_MAX_CAPTURE),
+        )
+        for s in shapes
+    ]
+
+
+def _dcp_steps(
+    shapes: list[HarnessShape], cases: int, seed: int
+) -> tuple[list[list[torch.Tensor]], list[tuple[int, StepCase]]]:
+    """Every shape's single-rank caches and the `cases` steps as (shape index, case), drawn
+    in one order so that every process draws the same ones."""
+    gens = [
+        StepGenerator(
+            s.config.replace(dcp_world_size=1),
+            s.stack,
+            num_pages=128,
+            seed=seed * 1000 + i,
+            max_context=s.max_context,
+        )
+        for i, s in enumerate(shapes)
+    ]
+    caches = [g.kv_caches() for g in gens]
+    steps = []
+    for done in range(cases):
+        i = done % len(shapes)
+        steps.append((i, gens[i].case(DCP_KINDS[done % len(DCP_KINDS)])))
+    return caches, steps
+
+
+def _dcp_runner(
+    shape: HarnessShape, config: IndexerConfig, caches: list[torch.Tensor], dcp: object
+) -> IndexerGraphRunner:
+    sizes = CaptureSizes(max_size=shape.max_capture, uniform_query_len=config.next_n)
+    return IndexerGraphRunner(
+        config, shape.stack, caches, "cpu", graph_backend="tape", capture_sizes=sizes,
+        dcp=dcp,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def single_rank_answers(world_size: int, cases: int, seed: int) -> list[torch.Tensor]:
+    """The W = 1 runner's eager unpadded top-k of every step, in the selection order."""
+    shapes = dcp_shapes(world_size)
+    caches, steps = _dcp_steps(shapes, cases, seed)
+    runners = [
+        _dcp_runner(s, s.config.replace(dcp_world_size=1), caches[i], None)
+        for i, s in enumerate(shapes)
+    ]
+    answers = []
+    with selection_order():
+        for i, case in steps:
+            run = runners[i].step(case.reference, case.inputs, pad=False)
+            answers.append(run.topk[:, : case.num_real_tokens].clone())
+    return answers
+
+
+def _dcp_rank(rank: int, world_size: int, cases: int, seed: int, folder: str) -> None:
+    """One rank: its runners over its shares of the caches, every step checked by
+    `check_replay` against the W = 1 answers; the report saved for the parent."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/init", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=300),
+    )  # fmt: skip
+    try:
+        answers = torch.load(Path(folder) / "answers.pt")
+        shapes = dcp_shapes(world_size)
+        caches, steps = _dcp_steps(shapes, cases, seed)
+        runners, rank_caches = [], []
+        for i, s in enumerate(shapes):
+            config = s.config.replace(dcp_rank=rank)
+            width = caches[i][0].shape[1]
+            mine = [
+                torch.zeros(rank_cache_pages(config), width, dtype=torch.uint8) for _ in caches[i]
+            ]
+            group = ContextParallelGroup(ContextParallel.from_config(config))
+            runner = _dcp_runner(s, config, mine, group)
+            runner.capture()
+            runners.append(runner)
+            rank_caches.append(mine)
+        total = ReplayReport()
+        for index, ((i, case), answer) in enumerate(zip(steps, answers, strict=True)):
+            config = shapes[i].config.replace(dcp_rank=rank)
+            shard = shard_case(case, config, caches[i], rank_caches[i])
+            report = check_replay(runners[i], [shard], expected=[answer])
+            total.cases += 1
+            total.replayed += report.replayed
+            total.by_kind.update(report.by_kind)
+            total.mismatches += [dataclasses.replace(m, case=index) for m in report.mismatches]
+        torch.save(total, Path(folder) / f"rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_replay_check_dcp(
+    world_size: int, *, cases: int, seed: int, print_fn=print, timeout_s: float = 1800
+) -> int:
+    """`replay-check --dcp W`: W CPU processes over gloo, each a rank with its runners (tape
+    backend) over its share of the harness shapes' caches; every rank's unpadded-eager,
+    padded-eager and replayed top-k of every step compared with the W = 1 eager answer (in
+    the selection order). Prints each mismatch with its rank, then `N cases, M mismatches`
+    (N counted once per step); returns the mismatches over all ranks."""
+    import torch.multiprocessing as mp
+
+    answers = single_rank_answers(world_size, cases, seed)
+    with tempfile.TemporaryDirectory() as folder:
+        torch.save(answers, Path(folder) / "answers.pt")
+        context = mp.spawn(
+            _dcp_rank, args=(world_size, cases, seed, folder), nprocs=world_size, join=False
+        )
+        deadline = time.monotonic() + timeout_s
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                for proc in context.processes:
+                    proc.kill()
+                raise TimeoutError(f"{world_size} gloo ranks did not finish in {timeout_s} s")
+        reports = [
+            torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world_size)
+        ]
+    mismatches = 0
+    for rank, report in enumerate(reports):
+        for m in report.mismatches:
+            print_fn(
+                f"mismatch on rank {rank} in case {m.case} ({m.kind}): layer {m.layer} "
+                f"row {m.row}: {m.what}"
+            )
+        mismatches += len(report.mismatches)
+    print_fn(f"dcp {world_size}: {reports[0].summary()} on rank 0")
+    print_fn(f"{cases} cases, {mismatches} mismatches")
+    return mismatches

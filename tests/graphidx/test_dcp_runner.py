@@ -230,3 +230,19 @@ def test_runner_refuses_a_missing_group() -> None:
         runner_for(config, setup.stack, caches)
     with pytest.raises(ValueError, match="dcp must be a ContextParallelGroup"):
         runner_for(config, setup.stack, caches, dcp=ContextParallel.from_config(config))
+
+
+@pytest.mark.skipif(not _gloo_available(), reason="torch.distributed with gloo is unavailable")
+def test_replay_check_dcp_finds_no_mismatch() -> None:
+    """`replay-check --dcp 2` on a few cases: two gloo ranks, every step equal to W = 1."""
+    from graphidx.cli.replay_check import run_replay_check
+
+    lines: list[str] = []
+    mismatches = run_replay_check(
+        backend="tape", cases=5, seed=3, device=torch.device("cpu"), dcp=2,
+        print_fn=lines.append,
+    )  # fmt: skip
+    assert mismatches == 0, lines
+    assert lines[-1] == "5 cases, 0 mismatches"
+    with pytest.raises(ValueError, match="dcp must be an int"):
+        run_replay_check(backend="tape", cases=1, seed=0, device=torch.device("cpu"), dcp=0)
