@@ -45,6 +45,7 @@ def cmd_replay_check(args: argparse.Namespace) -> int:
         device=resolve_device(args.device),
         progress=not args.quiet,
         precision=args.precision,
+        dcp=args.dcp,
     )
     return 0 if mismatches == 0 else 1
 
@@ -87,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="both",
         help="logits precision of the runners (both: fp8 runners too where fp8 kernels run, "
         "i.e. on a GPU)",
+    )
+    check.add_argument(
+        "--dcp",
+        type=int,
+        default=1,
+        metavar="W",
+        help="context parallel over W CPU ranks (gloo processes, tape backend): every rank's "
+        "top-k against the single-rank answer",
     )
     check.set_defaults(func=cmd_replay_check)
 

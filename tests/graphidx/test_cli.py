@@ -94,6 +94,8 @@ def test_bad_arguments_give_one_line_and_exit_2(capsys: pytest.CaptureFixture[st
     ]
     assert main(["replay-check", "--cases", "0", "--quiet"]) == 2
     assert "cases must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["replay-check", "--dcp", "0", "--quiet"]) == 2
+    assert "dcp must be an int >= 1, got 0" in capsys.readouterr().err
 
 
 def test_version_as_a_process_is_the_package_version() -> None:
