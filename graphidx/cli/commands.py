@@ -29,9 +29,10 @@ def package_version() -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from graphidx.cli.demo import run_demo
+    from graphidx.cli.demo import demo_device, run_demo
 
-    ok = run_demo(resolve_device(args.device), seed=args.seed)
+    device = demo_device(args.device, args.dcp)
+    ok = run_demo(device, seed=args.seed, dcp=args.dcp, num_requests=args.requests)
     return 0 if ok else 1
 
 
@@ -74,6 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="serving simulation: replayed vs eager steps")
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests to serve (default: 24 on a CPU, 96 on a GPU)",
+    )
+    demo.add_argument(
+        "--dcp",
+        type=int,
+        default=1,
+        metavar="W",
+        help="context parallel over W CPU ranks (gloo processes, tape backend): every rank's "
+        "top-k of every step against the single-rank answer",
+    )
     demo.set_defaults(func=cmd_demo)
 
     check = sub.add_parser("replay-check", help="prove replay == eager on random padded steps")

@@ -5,23 +5,38 @@ through `IndexerGraphRunner` (replaying a captured graph for uniform decode step
 the next capture size), and checks the replayed top-k against an eager run of the same step.
 On a CPU it runs the `cpu_demo` shape through the tape backend; on a GPU the full
 DeepSeek-V4.1-Flash indexer shape through device graphs.
+
+`run_demo(..., dcp=W)` with W > 1 runs it under context parallel on the CPU: W gloo
+processes, each a rank running the same simulation over its share of the caches
+(docs/contract.md section 10), every step's top-k compared with the single-rank answer.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from graphidx.batch import StepBatch
+from graphidx.cli.options import resolve_device
+from graphidx.cli.replay_check import run_gloo_ranks
 from graphidx.config import IndexerConfig, cdiv
+from graphidx.distributed import ContextParallel, ContextParallelGroup
 from graphidx.mxfp4 import cache_layout, compressed_slot_mapping, write_k_cache
-from graphidx.runner import IndexerGraphRunner, IndexerStack
-from graphidx.testing import random_kv_cache, random_layer_input
+from graphidx.runner import IndexerGraphRunner, IndexerStack, LayerInput
+from graphidx.testing import (
+    StepCase,
+    random_kv_cache,
+    random_layer_input,
+    rank_cache_pages,
+    selection_order,
+    shard_case,
+)
 
 
 @dataclass
@@ -54,22 +69,28 @@ class DemoSettings:
     seed: int = 0
 
     @classmethod
-    def for_device(cls, device: torch.device, *, seed: int = 0) -> DemoSettings:
-        """The CPU shape on a CPU (tape), the full V4.1-Flash shape on a GPU (device)."""
+    def for_device(
+        cls, device: torch.device, *, seed: int = 0, num_requests: int | None = None
+    ) -> DemoSettings:
+        """The CPU shape on a CPU (tape), the full V4.1-Flash shape on a GPU (device).
+        `num_requests`: requests to serve (None: 24 on a CPU, 96 on a GPU; ValueError
+        below 1)."""
+        if num_requests is not None and num_requests < 1:
+            raise ValueError(f"--requests must be >= 1, got {num_requests}")
         if device.type == "cuda":
             config = IndexerConfig.deepseek_v41_flash(max_num_seqs=64, max_model_len=131072)
-            consumers, backend, num_requests, max_running = 3, "device", 96, 64
+            consumers, backend, default_requests, max_running = 3, "device", 96, 64
             prompt_lens, output_lens = (2048, 65536), (16, 48)
         else:
             config = IndexerConfig.cpu_demo()
-            consumers, backend, num_requests, max_running = 2, "tape", 24, 12
+            consumers, backend, default_requests, max_running = 2, "tape", 24, 12
             prompt_lens, output_lens = (32, 1024), (8, 24)
         return cls(
             config,
             IndexerStack(candidate_source=True, consumers=consumers),
             device,
             backend,
-            num_requests=num_requests,
+            num_requests=num_requests if num_requests is not None else default_requests,
             prompt_lens=prompt_lens,
             output_lens=output_lens,
             max_running=max_running,
@@ -103,8 +124,30 @@ class StepRow:
     eager_reason: str | None
 
 
+@dataclass(frozen=True)
+class PlannedStep:
+    """One scheduled step, its new keys already in the single-rank caches."""
+
+    index: int
+    plan: list[tuple[Request, int]]
+    batch: StepBatch
+    inputs: tuple[LayerInput, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.batch.num_tokens
+
+    @property
+    def kind(self) -> str:
+        kinds = {"prefill" if r.prefilling else "decode" for r, _ in self.plan}
+        return "mixed" if len(kinds) == 2 else kinds.pop()
+
+
 class ServingSimulation:
-    """Drives the runner like a serving loop would, with a page allocator and a scheduler."""
+    """Drives the runner like a serving loop would, with a page allocator and a scheduler.
+
+    `caches` are the single-rank caches every step writes its keys into; the runner reads
+    them (`_make_runner`), or a rank's share of them (`RankSimulation`)."""
 
     def __init__(self, settings: DemoSettings) -> None:
         self.s = settings
@@ -125,15 +168,16 @@ class ServingSimulation:
             random_kv_cache(cfg, self.num_pages, settings.device, self.gen)
             for _ in range(settings.stack.num_layers)
         ]
-        self.runner = IndexerGraphRunner(
-            cfg,
-            settings.stack,
-            self.caches,
-            settings.device,
-            graph_backend=settings.graph_backend,
-        )
+        self.runner = self._make_runner()
         self.waiting = settings.random_requests(self.rng)
         self.running: list[Request] = []
+
+    def _make_runner(self) -> IndexerGraphRunner:
+        """The single-rank runner over `caches`."""
+        s = self.s
+        return IndexerGraphRunner(
+            s.config, s.stack, self.caches, s.device, graph_backend=s.graph_backend
+        )
 
     # -- scheduling
     def _admit(self) -> None:
@@ -186,6 +230,16 @@ class ServingSimulation:
             write_k_cache(keys, slots, cache, self.layout)
 
     def step(self, index: int) -> StepRow | None:
+        """Schedule, run and advance step `index`; None when nothing could be scheduled."""
+        planned = self._plan(index)
+        if planned is None:
+            return None
+        row = self._execute(planned)
+        self._advance(planned.plan)
+        return row
+
+    def _plan(self, index: int) -> PlannedStep | None:
+        """Admit, schedule, grow pages, write the new keys; the step's batch and inputs."""
         self._admit()
         plan = self._schedule()
         if not plan:
@@ -208,24 +262,35 @@ class ServingSimulation:
         inputs = tuple(
             random_layer_input(cfg, tokens, dev, self.gen) for _ in range(self.s.stack.num_layers)
         )
+        return PlannedStep(index, plan, batch, inputs)
+
+    def _runner_batch(self, planned: PlannedStep) -> StepBatch:
+        """The step as the runner sees it: the single-rank batch."""
+        return planned.batch
+
+    def _check(self, index: int, topk: torch.Tensor) -> None:
+        """Called with every top-k a step produces (its real rows), before the next run
+        overwrites it; nothing to check on one rank."""
+
+    def _execute(self, planned: PlannedStep) -> StepRow:
+        """Run the step (replayed when its padded shape was captured) and, when replayed,
+        the same step eagerly and unpadded: the answer the replay must reproduce."""
+        batch, inputs = self._runner_batch(planned), planned.inputs
         result = self.runner.step(batch, inputs, synchronize=True)
+        self._check(planned.index, result.topk)
         matches: bool | None = None
         eager_ms: float | None = None
         if result.replayed:
-            # The same step eagerly and unpadded: the answer replay must reproduce.
-            replayed = torch.sort(result.topk.to(torch.int64), dim=-1).values.cpu()
+            replayed = _sorted_topk(result.topk)
             eager = self.runner.step(batch, inputs, pad=False, synchronize=True)
+            self._check(planned.index, eager.topk)
             eager_ms = eager.seconds * 1e3
-            eager_sorted = torch.sort(eager.topk.to(torch.int64), -1).values.cpu()
-            matches = bool((eager_sorted == replayed).all())
-        kinds = {"prefill" if r.prefilling else "decode" for r, _ in plan}
-        kind = "mixed" if len(kinds) == 2 else kinds.pop()
-        self._advance(plan)
+            matches = bool((_sorted_topk(eager.topk) == replayed).all())
         return StepRow(
-            index,
-            kind,
-            len(plan),
-            tokens,
+            planned.index,
+            planned.kind,
+            len(planned.plan),
+            planned.num_tokens,
             result.shape.num_tokens if result.shape is not None else None,
             "replay" if result.replayed else "eager",
             result.seconds * 1e3,
@@ -261,6 +326,11 @@ class ServingSimulation:
         return rows
 
 
+def _sorted_topk(topk: torch.Tensor) -> torch.Tensor:
+    """A top-k `[layers, rows, k]` as sets: each row sorted, int64, on the host."""
+    return torch.sort(topk.to(torch.int64), dim=-1).values.cpu()
+
+
 def format_row(row: StepRow) -> str:
     padded = "-" if row.padded_to is None else str(row.padded_to)
     check = {None: "", True: "yes", False: "NO"}[row.matches_eager]
@@ -277,19 +347,34 @@ HEADER = (
 )
 
 
+def demo_device(name: str | None, dcp: int) -> torch.device:
+    """`--device` and `--dcp` checked together, before any work: W = `dcp` an int >= 1,
+    and W > 1 only on the CPU (gloo processes; no `--device` then means the CPU). The
+    device resolved as `resolve_device` does; ValueError otherwise."""
+    if not isinstance(dcp, int) or isinstance(dcp, bool) or dcp < 1:
+        raise ValueError(f"--dcp must be an int >= 1, got {dcp!r}")
+    if dcp > 1 and name and name.split(":")[0] != "cpu":
+        raise ValueError(
+            f"--dcp {dcp} runs CPU processes over gloo: it needs --device cpu, got {name}"
+        )
+    return resolve_device(name or ("cpu" if dcp > 1 else None))
+
+
 def run_demo(
-    device: torch.device, *, seed: int = 0, print_fn: Callable[[str], None] = print
+    device: torch.device,
+    *,
+    seed: int = 0,
+    print_fn: Callable[[str], None] = print,
+    dcp: int = 1,
+    num_requests: int | None = None,
 ) -> bool:
     """Run the simulation, print the per-step table and a summary; True when every replayed
-    step matched its eager run."""
-    settings = DemoSettings.for_device(device, seed=seed)
-    cfg = settings.config
-    print_fn(
-        f"graphidx demo on {device} ({settings.graph_backend} graphs): {cfg.num_heads} heads x "
-        f"{cfg.head_dim}, R={cfg.compress_ratio}, next_n={cfg.next_n}, top-{cfg.topk_tokens}, "
-        f"candidate pool {cfg.candidate_topk_blocks} x {cfg.candidate_block_size}, "
-        f"layers: 1 source + {settings.stack.consumers} consumers"
-    )
+    step matched its eager run. `dcp` W > 1: `run_demo_dcp` (CPU only); `num_requests`:
+    `DemoSettings.for_device`."""
+    settings = DemoSettings.for_device(device, seed=seed, num_requests=num_requests)
+    if dcp > 1:
+        return run_demo_dcp(settings, dcp, print_fn=print_fn)
+    print_fn(_title(settings))
     sim = ServingSimulation(settings)
     start = time.perf_counter()
     sim.runner.capture(
@@ -301,6 +386,25 @@ def run_demo(
     print_fn(f"captured {len(sim.runner.graphs)} graphs in {capture_s:.2f} s")
     print_fn(HEADER)
     rows = sim.run(lambda row: print_fn(format_row(row)))
+    return print_summary(settings, rows, print_fn)
+
+
+def _title(settings: DemoSettings) -> str:
+    cfg = settings.config
+    return (
+        f"graphidx demo on {settings.device} ({settings.graph_backend} graphs): "
+        f"{cfg.num_heads} heads x {cfg.head_dim}, R={cfg.compress_ratio}, "
+        f"next_n={cfg.next_n}, top-{cfg.topk_tokens}, "
+        f"candidate pool {cfg.candidate_topk_blocks} x {cfg.candidate_block_size}, "
+        f"layers: 1 source + {settings.stack.consumers} consumers"
+    )
+
+
+def print_summary(
+    settings: DemoSettings, rows: list[StepRow], print_fn: Callable[[str], None]
+) -> bool:
+    """The summary under the table: steps, replayed and eager, their mean times, padding,
+    eager reasons, and replay == eager; True when every replayed step matched."""
     replayed = [r for r in rows if r.mode == "replay"]
     eager = [r for r in rows if r.mode == "eager"]
     bad = [r for r in replayed if r.matches_eager is False]
@@ -327,3 +431,163 @@ def run_demo(
         + ("" if not bad else f"  MISMATCH in steps {[r.step for r in bad]}")
     )
     return not bad
+
+
+# --- context parallel: W CPU ranks over gloo --------------------------------------------------
+
+
+class ReferenceSimulation(ServingSimulation):
+    """The single-rank answers: the same simulation (same draws), every step run eagerly
+    and unpadded with the layers picking in the selection order (`selection_order`, the
+    order a context-parallel merge follows); nothing captured. `answers[step]` is the
+    step's top-k as sets (`_sorted_topk`)."""
+
+    def __init__(self, settings: DemoSettings) -> None:
+        super().__init__(settings)
+        self.answers: dict[int, torch.Tensor] = {}
+
+    def _execute(self, planned: PlannedStep) -> StepRow:
+        with selection_order():
+            run = self.runner.step(planned.batch, planned.inputs, pad=False)
+        self.answers[planned.index] = _sorted_topk(run.topk)
+        return StepRow(
+            planned.index, planned.kind, len(planned.plan), planned.num_tokens, None,
+            "eager", run.seconds * 1e3, None, None, run.eager_reason,
+        )  # fmt: skip
+
+
+class RankSimulation(ServingSimulation):
+    """Rank `rank` of `world_size` (inside its gloo group): the same simulation, its runner
+    over rank-local caches that every step refills with the rank's share of the single-rank
+    caches (`shard_case`), every top-k it produces compared with `answers`."""
+
+    def __init__(
+        self,
+        settings: DemoSettings,
+        rank: int,
+        world_size: int,
+        answers: dict[int, torch.Tensor],
+    ) -> None:
+        self.rank_config = settings.config.replace(dcp_world_size=world_size, dcp_rank=rank)
+        self.answers = answers
+        self.compared: set[int] = set()
+        self.mismatched: set[int] = set()
+        super().__init__(settings)
+
+    def _make_runner(self) -> IndexerGraphRunner:
+        cfg, s = self.rank_config, self.s
+        pages, width = rank_cache_pages(cfg), self.caches[0].shape[1]
+        self.rank_caches = [
+            torch.zeros(pages, width, dtype=torch.uint8, device=s.device) for _ in self.caches
+        ]
+        group = ContextParallelGroup(ContextParallel.from_config(cfg))
+        return IndexerGraphRunner(
+            cfg, s.stack, self.rank_caches, s.device, graph_backend=s.graph_backend, dcp=group
+        )
+
+    def _runner_batch(self, planned: PlannedStep) -> StepBatch:
+        case = StepCase("demo", planned.batch, planned.inputs)
+        return shard_case(case, self.rank_config, self.caches, self.rank_caches).batch
+
+    def _check(self, index: int, topk: torch.Tensor) -> None:
+        self.compared.add(index)
+        answer = self.answers.get(index)
+        got = _sorted_topk(topk)
+        if answer is None or answer.shape != got.shape or not bool((answer == got).all()):
+            self.mismatched.add(index)
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What one rank saw: its table, capture, and the steps compared with W = 1."""
+
+    rank: int
+    rows: list[StepRow]
+    num_graphs: int
+    capture_s: float
+    compared: list[int]
+    mismatched: list[int]
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """One torch thread inside, as every rank runs (small reference ops run faster so)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _demo_rank(
+    rank: int, world_size: int, answers: dict[int, torch.Tensor], settings: DemoSettings
+) -> RankReport:
+    """One rank's demo (run by `run_gloo_ranks`): capture, then every step."""
+    sim = RankSimulation(settings, rank, world_size, answers)
+    start = time.perf_counter()
+    sim.runner.capture()
+    capture_s = time.perf_counter() - start
+    rows = sim.run(lambda row: None)
+    return RankReport(
+        rank, rows, len(sim.runner.graphs), capture_s, sorted(sim.compared), sorted(sim.mismatched)
+    )
+
+
+def run_demo_dcp(
+    settings: DemoSettings, world_size: int, *, print_fn: Callable[[str], None] = print
+) -> bool:
+    """The demo under context parallel: the single-rank answers computed here in the parent
+    (`ReferenceSimulation`), then `world_size` gloo CPU processes (`run_gloo_ranks`), each a
+    rank running the same simulation (`RankSimulation`: same seed, requests and steps) and
+    comparing every top-k it produces (the normal run and, when replayed, the eager one)
+    with the answer (as sets per row: the order of picks is not compared). Once the ranks
+    are done, prints rank 0's table and the usual summary, then per rank the steps compared
+    and mismatched; True when every rank's replayed steps matched their eager runs and
+    every step matched the single-rank answer."""
+    if settings.device.type != "cpu":
+        raise ValueError(f"dcp = {world_size} runs on the cpu, got {settings.device}")
+    print_fn(_title(settings) + f"; context parallel over {world_size} gloo ranks")
+    start = time.perf_counter()
+    reference = ReferenceSimulation(settings)
+    with _one_thread():
+        reference.run(lambda row: None)
+    print_fn(
+        f"single-rank answers: {len(reference.answers)} steps in "
+        f"{time.perf_counter() - start:.2f} s (eager, unpadded, selection order)"
+    )
+    reports = run_gloo_ranks(_demo_rank, world_size, reference.answers, (settings,))
+    first = reports[0]
+    print_fn(f"rank 0: captured {first.num_graphs} graphs in {first.capture_s:.2f} s")
+    print_fn(HEADER)
+    for row in first.rows:
+        print_fn(format_row(row))
+    print_summary(settings, first.rows, print_fn)
+    return report_ranks(reports, sorted(reference.answers), print_fn)
+
+
+def report_ranks(
+    reports: list[RankReport],
+    steps: list[int],
+    print_fn: Callable[[str], None],
+) -> bool:
+    """One line per rank: steps compared with the single-rank answer (`steps`, the steps
+    the single-rank run took), mismatches, and whether its replayed steps matched eager.
+    True when every rank compared exactly `steps`, with no mismatch and replay == eager."""
+    ok = True
+    for report in reports:
+        replay = all(row.matches_eager is not False for row in report.rows)
+        missing = sorted(set(steps) - set(report.compared))
+        extra = sorted(set(report.compared) - set(steps))
+        bad = sorted(set(report.mismatched) | set(extra))
+        line = (
+            f"rank {report.rank}: {len(report.compared)} steps compared with the single-rank "
+            f"answer, {len(bad)} mismatches; replay == eager: {'yes' if replay else 'NO'}"
+        )
+        if bad:
+            line += f"  MISMATCH in steps {bad}"
+        if missing:
+            line += f"  MISSING steps {missing}"
+        print_fn(line)
+        ok = ok and replay and not bad and not missing
+    return ok

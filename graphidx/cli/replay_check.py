@@ -15,6 +15,7 @@ import datetime
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -311,9 +312,40 @@ def single_rank_answers(world_size: int, cases: int, seed: int) -> list[torch.Te
     return answers
 
 
-def _dcp_rank(rank: int, world_size: int, cases: int, seed: int, folder: str) -> None:
-    """One rank: its runners over its shares of the caches, every step checked by
-    `check_replay` against the W = 1 answers; the report saved for the parent."""
+def _dcp_rank(
+    rank: int, world_size: int, answers: list[torch.Tensor], cases: int, seed: int
+) -> ReplayReport:
+    """One rank (inside its gloo group): its runners over its shares of the caches, every
+    step checked by `check_replay` against the W = 1 `answers`."""
+    shapes = dcp_shapes(world_size)
+    caches, steps = _dcp_steps(shapes, cases, seed)
+    runners, rank_caches = [], []
+    for i, s in enumerate(shapes):
+        config = s.config.replace(dcp_rank=rank)
+        width = caches[i][0].shape[1]
+        mine = [torch.zeros(rank_cache_pages(config), width, dtype=torch.uint8) for _ in caches[i]]
+        group = ContextParallelGroup(ContextParallel.from_config(config))
+        runner = _dcp_runner(s, config, mine, group)
+        runner.capture()
+        runners.append(runner)
+        rank_caches.append(mine)
+    total = ReplayReport()
+    for index, ((i, case), answer) in enumerate(zip(steps, answers, strict=True)):
+        config = shapes[i].config.replace(dcp_rank=rank)
+        shard = shard_case(case, config, caches[i], rank_caches[i])
+        report = check_replay(runners[i], [shard], expected=[answer])
+        total.cases += 1
+        total.replayed += report.replayed
+        total.by_kind.update(report.by_kind)
+        total.mismatches += [dataclasses.replace(m, case=index) for m in report.mismatches]
+    return total
+
+
+def _gloo_rank(
+    rank: int, target: Callable[..., Any], world_size: int, folder: str, args: tuple[Any, ...]
+) -> None:
+    """A spawned process: join the gloo group of `folder`, run `target(rank, world_size,
+    shared, *args)` on one thread, save what it returns for the parent."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -322,51 +354,35 @@ def _dcp_rank(rank: int, world_size: int, cases: int, seed: int, folder: str) ->
         timeout=datetime.timedelta(seconds=300),
     )  # fmt: skip
     try:
-        answers = torch.load(Path(folder) / "answers.pt")
-        shapes = dcp_shapes(world_size)
-        caches, steps = _dcp_steps(shapes, cases, seed)
-        runners, rank_caches = [], []
-        for i, s in enumerate(shapes):
-            config = s.config.replace(dcp_rank=rank)
-            width = caches[i][0].shape[1]
-            mine = [
-                torch.zeros(rank_cache_pages(config), width, dtype=torch.uint8) for _ in caches[i]
-            ]
-            group = ContextParallelGroup(ContextParallel.from_config(config))
-            runner = _dcp_runner(s, config, mine, group)
-            runner.capture()
-            runners.append(runner)
-            rank_caches.append(mine)
-        total = ReplayReport()
-        for index, ((i, case), answer) in enumerate(zip(steps, answers, strict=True)):
-            config = shapes[i].config.replace(dcp_rank=rank)
-            shard = shard_case(case, config, caches[i], rank_caches[i])
-            report = check_replay(runners[i], [shard], expected=[answer])
-            total.cases += 1
-            total.replayed += report.replayed
-            total.by_kind.update(report.by_kind)
-            total.mismatches += [dataclasses.replace(m, case=index) for m in report.mismatches]
-        torch.save(total, Path(folder) / f"rank{rank}.pt")
+        shared = torch.load(Path(folder) / "shared.pt", weights_only=False)
+        result = target(rank, world_size, shared, *args)
+        torch.save(result, Path(folder) / f"rank{rank}.pt")
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def run_replay_check_dcp(
-    world_size: int, *, cases: int, seed: int, print_fn=print, timeout_s: float = 1800
-) -> int:
-    """`replay-check --dcp W`: W CPU processes over gloo, each a rank with its runners (tape
-    backend) over its share of the harness shapes' caches; every rank's unpadded-eager,
-    padded-eager and replayed top-k of every step compared with the W = 1 eager answer (in
-    the selection order). Prints each mismatch with its rank, then `N cases, M mismatches`
-    (N counted once per step); returns the mismatches over all ranks."""
+def run_gloo_ranks(
+    target: Callable[..., Any],
+    world_size: int,
+    shared: Any,
+    args: tuple[Any, ...] = (),
+    *,
+    timeout_s: float = 1800,
+) -> list[Any]:
+    """Run `target(rank, world_size, shared, *args)` in `world_size` spawned CPU processes,
+    each rank of one gloo process group (the default group, initialised before `target`
+    runs; one torch thread each). `target` must be a module-level function; `shared` and
+    `args` reach the ranks, and their return values come back, through files (pickled).
+    Returns the values in rank order. A rank that raises ends the run
+    (`torch.multiprocessing.ProcessRaisedException`); past `timeout_s` the processes are
+    killed and TimeoutError raised."""
     import torch.multiprocessing as mp
 
-    answers = single_rank_answers(world_size, cases, seed)
     with tempfile.TemporaryDirectory() as folder:
-        torch.save(answers, Path(folder) / "answers.pt")
+        torch.save(shared, Path(folder) / "shared.pt")
         context = mp.spawn(
-            _dcp_rank, args=(world_size, cases, seed, folder), nprocs=world_size, join=False
+            _gloo_rank, args=(target, world_size, folder, args), nprocs=world_size, join=False
         )
         deadline = time.monotonic() + timeout_s
         while not context.join(timeout=1):
@@ -374,9 +390,22 @@ def run_replay_check_dcp(
                 for proc in context.processes:
                     proc.kill()
                 raise TimeoutError(f"{world_size} gloo ranks did not finish in {timeout_s} s")
-        reports = [
+        return [
             torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world_size)
         ]
+
+
+def run_replay_check_dcp(
+    world_size: int, *, cases: int, seed: int, print_fn=print, timeout_s: float = 1800
+) -> int:
+    """`replay-check --dcp W`: W CPU processes over gloo (`run_gloo_ranks`), each a rank with
+    its runners (tape backend) over its share of the harness shapes' caches; every rank's
+    unpadded-eager, padded-eager and replayed top-k of every step compared with the W = 1
+    eager answer (in the selection order, computed here in the parent). Prints each mismatch
+    with its rank, then `N cases, M mismatches` (N counted once per step); returns the
+    mismatches over all ranks."""
+    answers = single_rank_answers(world_size, cases, seed)
+    reports = run_gloo_ranks(_dcp_rank, world_size, answers, (cases, seed), timeout_s=timeout_s)
     mismatches = 0
     for rank, report in enumerate(reports):
         for m in report.mismatches:
