@@ -533,7 +533,7 @@ def sharded_topk(
     """
     _check_group(dcp)
     check_tensor("logits", logits, dtype=torch.float32, rank=2)
-    check_int("k", k, minimum=1)
+    _check_outputs(logits.shape[0], k, out, None, logits.device)
     view = dcp.ctx if ctx is None else _check_ctx(ctx)
 
     def local(positions: torch.Tensor, scores: torch.Tensor) -> None:
@@ -555,7 +555,7 @@ def sharded_topk_at(
     `[rows, k]`, identical on every rank."""
     _check_group(dcp)
     check_tensor("logits", logits, dtype=torch.float32, rank=2)
-    check_int("k", k, minimum=1)
+    _check_outputs(logits.shape[0], k, out, None, logits.device)
 
     def local(picked: torch.Tensor, scores: torch.Tensor) -> None:
         local_topk_at(logits, positions, lengths, k, picked, scores)

@@ -87,22 +87,34 @@ def _check_layer_inputs(
 
 
 def _check_context_parallel(
-    config: IndexerConfig, dcp: ContextParallelGroup | None, layer: str
+    config: IndexerConfig,
+    dcp: ContextParallelGroup | None,
+    metadata: IndexerMetadata,
+    layer: str,
 ) -> ContextParallelGroup | None:
     """The group a layer exchanges through: None on one rank (the single-rank path), else
-    `dcp`, which must be given and match the config's sharding."""
+    `dcp`, which must be given and match the config's sharding, with `metadata` from a
+    context-parallel builder. ValueError naming `layer` otherwise, before any kernel."""
+    if dcp is not None and not isinstance(dcp, ContextParallelGroup):
+        raise ValueError(
+            f"{layer}: dcp must be a ContextParallelGroup or None, got {type(dcp).__name__}"
+        )
     if config.dcp_world_size == 1:
         if dcp is not None and dcp.ctx.world_size != 1:
             raise ValueError(
-                f"dcp has world_size {dcp.ctx.world_size} but config.dcp_world_size is 1"
+                f"{layer}: dcp has world_size {dcp.ctx.world_size} but config.dcp_world_size is 1"
             )
         return None
-    if not isinstance(dcp, ContextParallelGroup):
+    if dcp is None:
         raise ValueError(
-            f"config.dcp_world_size = {config.dcp_world_size}: dcp must be a "
-            f"ContextParallelGroup (this rank and its process group), got {type(dcp).__name__}"
+            f"{layer}: config.dcp_world_size = {config.dcp_world_size}: dcp must be a "
+            "ContextParallelGroup (this rank and its process group), got None"
         )
     dcp.check(config)
+    if metadata.global_row_ends is None:
+        raise ValueError(
+            f"{layer}: metadata has no global_row_ends: not built by a context-parallel builder"
+        )
     return dcp
 
 
@@ -243,7 +255,7 @@ def dense_indexer(
     if candidate_source and not config.has_candidates:
         raise ValueError("candidate_source=True needs candidate_block_size > 0 in the config")
     group = _check_context_parallel(
-        config, dcp, "candidate_source=True" if candidate_source else "dense"
+        config, dcp, metadata, "candidate_source=True" if candidate_source else "dense_indexer"
     )
     k = config.topk_tokens
     decode = metadata.decode
@@ -360,7 +372,7 @@ def candidate_consumer(
     ranks (`sharded_topk`, `sharded_topk_at`), so every rank writes the same global positions.
     """
     _check_layer_inputs(metadata, q, q_scale, weights, topk_indices, workspace, config)
-    group = _check_context_parallel(config, dcp, "candidate_consumer")
+    group = _check_context_parallel(config, dcp, metadata, "candidate_consumer")
     if not config.sparse_logits:
         raise ValueError("candidate_consumer needs sparse_logits=True in the config")
     size = config.candidate_block_size

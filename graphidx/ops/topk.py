@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from graphidx.ops.backend import implementation, resolve_backend, run_op
+from graphidx.ops.backend import resolve_backend
+from graphidx.ops.registry import define_op
 from graphidx.ops.validate import check_int, check_rows, check_tensor
 
 NEG_INF = float("-inf")
@@ -33,16 +34,7 @@ def topk_per_row_reference(
     out[:, picked:] = -1
 
 
-def _topk_per_row_body(
-    logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor, backend: str
-) -> None:
-    impl = implementation(backend, topk_per_row_reference, "topk", "topk_per_row")
-    impl(logits, lengths, k, out)
-
-
-_topk_per_row_op = torch.library.custom_op(
-    "graphidx::topk_per_row", _topk_per_row_body, mutates_args=("out",)
-)
+_topk_per_row = define_op("topk_per_row", topk_per_row_reference, "topk", mutates_args=("out",))
 
 
 def topk_per_row(
@@ -69,4 +61,4 @@ def topk_per_row(
     if out.shape[1] != k:
         raise ValueError(f"k={k} must equal out.shape[1], got out of shape {tuple(out.shape)}")
     resolved = resolve_backend(backend, device)
-    run_op(torch.ops.graphidx.topk_per_row, _topk_per_row_body, logits, lengths, k, out, resolved)
+    _topk_per_row(logits, lengths, k, out, resolved)

@@ -422,6 +422,8 @@ def test_bad_configurations_raise(gen: torch.Generator) -> None:
     want = run_dense(single, case.batch, cache, layer, full_graph=False)
     got = _layer(single, single_metadata, cache, layer, ContextParallelGroup(ContextParallel()))
     assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="dcp must be a ContextParallelGroup or None"):
+        _layer(single, single_metadata, cache, layer, object())  # type: ignore[arg-type]
 
     # Candidate sources and consumers need the group under W > 1 too.
     blocks = config.replace(

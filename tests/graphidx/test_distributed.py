@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from graphidx.config import IndexerConfig
 from graphidx.distributed import (
     ContextParallel,
+    ContextParallelGroup,
     exchange_topk,
     global_positions,
     local_lengths,
@@ -22,6 +23,8 @@ from graphidx.distributed import (
     local_topk,
     local_topk_at,
     merge_topk,
+    sharded_topk,
+    sharded_topk_at,
     unpin_foreign_newest_block,
 )
 
@@ -436,3 +439,24 @@ def test_context_parallel_from_the_config() -> None:
     with pytest.raises(ValueError, match="multiple of candidate_block_size"):
         ContextParallel(4, 3, 12).blocks(8)
     assert IndexerMetadataBuilder(config, "cpu").context_parallel == cp
+
+
+def test_sharded_topk_checks_its_output_before_the_exchange(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bad `out` raises before any rank enters the all-gather (a rank that raised after
+    it would leave the others waiting in the next collective)."""
+    import graphidx.distributed as dist
+
+    def no_exchange(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the exchange ran before the output check")
+
+    monkeypatch.setattr(dist, "exchange_topk", no_exchange)
+    group = ContextParallelGroup(ContextParallel())
+    logits = torch.zeros(3, 16)
+    lengths = torch.full((3,), 16, dtype=torch.int32)
+    wrong = torch.empty(3, 4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="out"):
+        sharded_topk(group, logits, lengths, 4, wrong)
+    with pytest.raises(ValueError, match="out"):
+        sharded_topk_at(group, logits, torch.zeros(3, 16, dtype=torch.int32), lengths, 4, wrong)

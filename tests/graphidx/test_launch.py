@@ -62,6 +62,26 @@ def test_hook_chains_count_as_hooks_only_when_not_empty() -> None:
     assert launch_module._hooked(print)
 
 
+def _two_params(dst, n, BLOCK: tl.constexpr, EXTRA: tl.constexpr = 3):  # type: ignore[no-untyped-def]
+    tl.store(dst + tl.arange(0, BLOCK), n + EXTRA)
+
+
+def test_only_calls_of_the_call_sites_shape_are_cached() -> None:
+    """Runtime parameters positional and every constexpr by keyword: keyed (constexprs by
+    value); a constexpr passed positionally or left to its default, or an unknown Triton
+    option, always goes through Triton."""
+    from triton.runtime.jit import JITFunction
+
+    compiled = launch_module._Compiled(JITFunction(_two_params))
+    x = torch.zeros(4)
+    assert compiled.runtime == 2 and compiled.constexprs == {"BLOCK", "EXTRA"}
+    assert compiled.keyable((x, 5), {"BLOCK": 4, "EXTRA": 1, "num_warps": 4})
+    assert not compiled.keyable((x, 5, 4), {"EXTRA": 1})  # a constexpr positionally
+    assert not compiled.keyable((x, 5), {"BLOCK": 4})  # a default left to Triton
+    assert not compiled.keyable((x, 5), {"BLOCK": 4, "EXTRA": 1, "launch_pdl": False})
+    assert not compiled.keyable((x,), {"n": 5, "BLOCK": 4, "EXTRA": 1})  # runtime by name
+
+
 @triton.jit
 def _scaled_copy(src, dst, n, scale, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -16,9 +16,12 @@ interpreter, on ROCm (whose backend specializes pointers on buffer ranges as wel
 launch hooks installed (profilers such as Proton see every launch), and for any argument of
 another type.
 
-Callers pass the kernel's parameters positionally up to the first keyword and every remaining
-parameter by name; options (`num_warps`, `num_stages`, `num_ctas`, `maxnreg`) by name. A
-call that leaves a defaulted parameter out always takes Triton's path.
+A call is cached only in the shape every call site here uses: every runtime parameter
+positional, every constexpr by keyword (constexpr values are part of the key, as in Triton),
+options among `num_warps`, `num_stages`, `num_ctas`, `maxnreg`; any other call (a constexpr
+passed positionally or left to its default, another Triton option) always takes Triton's
+path. Triton knobs read at compile time (`debug`, instrumentation) are not part of the key:
+changing them after a kernel's first launch keeps the variant compiled before.
 """
 
 from __future__ import annotations
@@ -37,19 +40,33 @@ _INT64 = (-(2**63), 2**63)
 
 
 class _Compiled:
-    """One kernel's compiled variants by specialization key, its parameter names, and
-    whether `launch` may call its launchers directly (a JIT kernel on an NVIDIA GPU)."""
+    """One kernel's compiled variants by specialization key; its parameter names; how many
+    runtime parameters lead its signature (every constexpr after them); and whether `launch`
+    may call its launchers directly (a JIT kernel on an NVIDIA GPU)."""
 
-    __slots__ = ("direct", "names", "variants")
+    __slots__ = ("constexprs", "direct", "names", "runtime", "variants")
 
     def __init__(self, kernel: Any) -> None:
+        params = list(getattr(kernel, "params", ()))
+        self.names: tuple[str, ...] = tuple(p.name for p in params)
+        self.constexprs = frozenset(p.name for p in params if p.is_constexpr)
+        self.runtime = sum(1 for p in params if not p.is_constexpr)
+        leading = all(not p.is_constexpr for p in params[: self.runtime])
         self.direct = (
             isinstance(kernel, JITFunction)
+            and leading
             and torch.version.hip is None
             and not triton_interpreted()
         )
-        self.names: tuple[str, ...] = tuple(getattr(kernel, "arg_names", ()))
         self.variants: dict[tuple[Any, ...], Any] = {}
+
+    def keyable(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether a call can be keyed: the runtime parameters positional, every constexpr
+        by keyword (keyed by value), nothing else but the known options."""
+        if len(args) != self.runtime:
+            return False
+        named = kwargs.keys() - _OPTIONS
+        return named == self.constexprs
 
 
 _KERNELS: dict[Any, _Compiled] = {}
@@ -122,8 +139,7 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
     variant = compiled.variants.get(key) if key is not None else None
     if variant is None:
         variant = kernel[grid](*args, **kwargs)
-        named = len(args) + sum(1 for name in kwargs if name not in _OPTIONS)
-        if key is not None and variant is not None and named == len(compiled.names):
+        if key is not None and variant is not None and compiled.keyable(args, kwargs):
             variant[(1, 1, 1)]  # loads the module and function handles once
             compiled.variants[key] = variant
         return
