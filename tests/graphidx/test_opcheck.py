@@ -7,7 +7,7 @@ its output arguments, so torch derives its fake implementation from the schema (
 `register_fake` in graphidx.ops); these checks are what that relies on.
 
 Each op is called as its public wrapper calls it: `torch.ops.graphidx.<name>(...)` with the
-positional arguments of the wrapper's `run_op(...)` call.
+operands the wrapper passes to the launcher `graphidx.ops.registry.define_op` made.
 """
 
 from __future__ import annotations
