@@ -5,7 +5,7 @@
 
 Device time is scarce; instruction counts are not. This runs the real launchers
 (`graphidx.ops.kernels.logits.paged_mqa_logits`) on small CPU tensors shaped like the H200
-cases of tools/device_profile.py, with Triton's driver replaced by one that reports an sm_90
+cases of tools/ncu.py, with Triton's driver replaced by one that reports an sm_90
 target and launches nothing, so every kernel is compiled exactly as on the H200 (same
 constexprs, same argument specialization) by the local Triton and its bundled ptxas. For each
 compiled kernel it prints registers, shared memory and, for the hottest loop (the shortest
