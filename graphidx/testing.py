@@ -20,10 +20,14 @@ A request for kind "padded" draws one of the four, and the case's kind names whi
 
 from __future__ import annotations
 
+import datetime
+import tempfile
+import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -575,3 +579,63 @@ def check_replay(
         if callable(on_case):
             on_case(index, report)
     return report
+
+
+def gloo_available() -> bool:
+    """Whether this torch build can run CPU process groups (torch.distributed with gloo)."""
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_gloo_available())
+
+
+def _gloo_rank(
+    rank: int, target: Callable[..., Any], world_size: int, folder: str, args: tuple[Any, ...]
+) -> None:
+    """A spawned process: join the gloo group of `folder`, run `target(rank, world_size,
+    shared, *args)` on one thread, save what it returns for the parent."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/init", rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=300),
+    )  # fmt: skip
+    try:
+        shared = torch.load(Path(folder) / "shared.pt", weights_only=False)
+        result = target(rank, world_size, shared, *args)
+        torch.save(result, Path(folder) / f"rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gloo_ranks(
+    target: Callable[..., Any],
+    world_size: int,
+    shared: Any,
+    args: tuple[Any, ...] = (),
+    *,
+    timeout_s: float = 1800,
+) -> list[Any]:
+    """Run `target(rank, world_size, shared, *args)` in `world_size` spawned CPU processes,
+    each rank of one gloo process group (the default group, initialised before `target`
+    runs; one torch thread each). `target` must be a module-level function; `shared` and
+    `args` reach the ranks, and their return values come back, through files (pickled).
+    Returns the values in rank order. A rank that raises ends the run
+    (`torch.multiprocessing.ProcessRaisedException`); past `timeout_s` the processes are
+    killed and TimeoutError raised."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as folder:
+        torch.save(shared, Path(folder) / "shared.pt")
+        context = mp.spawn(
+            _gloo_rank, args=(target, world_size, folder, args), nprocs=world_size, join=False
+        )
+        deadline = time.monotonic() + timeout_s
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                for proc in context.processes:
+                    proc.kill()
+                raise TimeoutError(f"{world_size} gloo ranks did not finish in {timeout_s} s")
+        return [
+            torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world_size)
+        ]

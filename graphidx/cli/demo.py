@@ -24,7 +24,6 @@ import torch
 
 from graphidx.batch import StepBatch
 from graphidx.cli.options import resolve_device
-from graphidx.cli.replay_check import run_gloo_ranks
 from graphidx.config import IndexerConfig, cdiv
 from graphidx.distributed import ContextParallel, ContextParallelGroup
 from graphidx.mxfp4 import cache_layout, compressed_slot_mapping, write_k_cache
@@ -34,6 +33,7 @@ from graphidx.testing import (
     random_kv_cache,
     random_layer_input,
     rank_cache_pages,
+    run_gloo_ranks,
     selection_order,
     shard_case,
 )

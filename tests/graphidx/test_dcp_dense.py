@@ -15,10 +15,7 @@ values are all covered. Bad configurations raise ValueError before any kernel ru
 
 from __future__ import annotations
 
-import datetime
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -37,8 +34,10 @@ from graphidx.runner import IndexerStack, LayerInput
 from graphidx.testing import (
     StepCase,
     StepGenerator,
+    gloo_available,
     rank_batch,
     request_contexts,
+    run_gloo_ranks,
     selection_order,
     shard_kv_cache,
 )
@@ -260,23 +259,10 @@ def _check_group_refusals(rank: int, world_size: int) -> None:
         other.check(config)
 
 
-def _worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        _check_group_refusals(rank, world_size)
-        torch.save(_rank_results(rank, world_size), Path(out_dir) / f"rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _ranked(rank: int, world_size: int, shared: None) -> dict[str, torch.Tensor]:
+    """One gloo rank: the refusals, then its answers."""
+    _check_group_refusals(rank, world_size)
+    return _rank_results(rank, world_size)
 
 
 def _single_rank_results() -> dict[str, torch.Tensor]:
@@ -303,30 +289,11 @@ def _single_rank_answers() -> dict[str, torch.Tensor]:
     return results
 
 
-def _gloo_available() -> bool:
-    dist = torch.distributed
-    return bool(dist.is_available() and dist.is_gloo_available())
-
-
-@pytest.mark.skipif(not _gloo_available(), reason="torch.distributed with gloo is unavailable")
+@pytest.mark.skipif(not gloo_available(), reason="torch.distributed with gloo is unavailable")
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_dense_layer_across_gloo_ranks_equals_one_rank(tmp_path: Path, world_size: int) -> None:
-    import torch.multiprocessing as mp
-
-    context = mp.spawn(
-        _worker,
-        args=(world_size, str(tmp_path / "init"), str(tmp_path)),
-        nprocs=world_size,
-        join=False,
-    )
-    want = _single_rank_results()  # while the ranks run
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for proc in context.processes:
-                proc.kill()
-            pytest.fail(f"{world_size} gloo ranks did not finish within 120 s")
-    answers = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
+def test_dense_layer_across_gloo_ranks_equals_one_rank(world_size: int) -> None:
+    want = _single_rank_results()
+    answers = run_gloo_ranks(_ranked, world_size, None, timeout_s=120)
     assert set(answers[0]) == set(want)
     assert any(key.endswith("/tape") for key in want)
     for key, single in want.items():

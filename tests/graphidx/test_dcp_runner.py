@@ -15,10 +15,7 @@ paths.
 
 from __future__ import annotations
 
-import datetime
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,7 +28,9 @@ from graphidx.runner import IndexerGraphRunner, IndexerStack
 from graphidx.testing import (
     StepCase,
     StepGenerator,
+    gloo_available,
     rank_cache_pages,
+    run_gloo_ranks,
     selection_order,
     shard_case,
 )
@@ -149,26 +148,13 @@ def _check_runner_refusals(world_size: int, rank: int) -> None:
         runner_for(config.replace(dcp_interleave=16), setup.stack, caches, dcp=dcp)
 
 
-def _worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=90),
-    )
-    try:
-        _check_runner_refusals(world_size, rank)
-        results: dict[str, torch.Tensor] = {}
-        for setup in SETUPS:
-            results.update(_setup_results(setup, world_size, rank))
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _ranked(rank: int, world_size: int, shared: None) -> dict[str, torch.Tensor]:
+    """One gloo rank: the refusals, then every setup's answers."""
+    _check_runner_refusals(world_size, rank)
+    results: dict[str, torch.Tensor] = {}
+    for setup in SETUPS:
+        results.update(_setup_results(setup, world_size, rank))
+    return results
 
 
 def _single_rank_results() -> dict[str, torch.Tensor]:
@@ -190,30 +176,11 @@ def _single_rank_results() -> dict[str, torch.Tensor]:
     return results
 
 
-def _gloo_available() -> bool:
-    dist = torch.distributed
-    return bool(dist.is_available() and dist.is_gloo_available())
-
-
-@pytest.mark.skipif(not _gloo_available(), reason="torch.distributed with gloo is unavailable")
+@pytest.mark.skipif(not gloo_available(), reason="torch.distributed with gloo is unavailable")
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_runner_across_gloo_ranks_equals_one_rank(tmp_path: Path, world_size: int) -> None:
-    import torch.multiprocessing as mp
-
-    context = mp.spawn(
-        _worker,
-        args=(world_size, str(tmp_path / "init"), str(tmp_path)),
-        nprocs=world_size,
-        join=False,
-    )
-    want = _single_rank_results()  # while the ranks run
-    deadline = time.monotonic() + 150
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for proc in context.processes:
-                proc.kill()
-            pytest.fail(f"{world_size} gloo ranks did not finish within 150 s")
-    answers = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
+def test_runner_across_gloo_ranks_equals_one_rank(world_size: int) -> None:
+    want = _single_rank_results()
+    answers = run_gloo_ranks(_ranked, world_size, None, timeout_s=150)
     assert len(answers[0]) == len(MODES) * len(want)
     for key, single in want.items():
         assert bool((single >= 0).any()), key
@@ -232,7 +199,7 @@ def test_runner_refuses_a_missing_group() -> None:
         runner_for(config, setup.stack, caches, dcp=ContextParallel.from_config(config))
 
 
-@pytest.mark.skipif(not _gloo_available(), reason="torch.distributed with gloo is unavailable")
+@pytest.mark.skipif(not gloo_available(), reason="torch.distributed with gloo is unavailable")
 def test_replay_check_dcp_finds_no_mismatch() -> None:
     """`replay-check --dcp 2` on a few cases: two gloo ranks, every step equal to W = 1."""
     from graphidx.cli.replay_check import run_replay_check

@@ -3,10 +3,6 @@ merge against a brute-force single-rank top-k, and the exchange across gloo proc
 
 from __future__ import annotations
 
-import datetime
-import time
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -27,6 +23,7 @@ from graphidx.distributed import (
     sharded_topk_at,
     unpin_foreign_newest_block,
 )
+from graphidx.testing import gloo_available, run_gloo_ranks
 
 NEG_INF = float("-inf")
 
@@ -360,59 +357,32 @@ def _single_rank_answer(seed: int, k: int) -> torch.Tensor:
     return out
 
 
-def _worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+def _ranked(rank: int, world_size: int, shared: None) -> dict[str, torch.Tensor]:
+    """One gloo rank: exchange and merge against the single-rank answer, across the world and
+    (at four ranks) within two groups of two."""
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        results = {}
-        for seed, interleave, k in [(1, 8, 16), (2, 3, 16), (3, 1, 7), (4, 64, 32)]:
-            ctx = ContextParallel(world_size, rank, interleave)
-            got = _rank_answer(ctx, seed, k, None)
-            want = _single_rank_answer(seed, k)
-            assert torch.equal(got, want), (rank, seed, interleave)
-            results[f"world/{seed}"] = got
-        if world_size == 4:
-            # Two groups of two, through the group argument.
-            groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-            ctx = ContextParallel(2, rank % 2, 8)
-            got = _rank_answer(ctx, 5, 16, groups[rank // 2])
-            assert torch.equal(got, _single_rank_answer(5, 16)), rank
-            results["pairs/5"] = got
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    results = {}
+    for seed, interleave, k in [(1, 8, 16), (2, 3, 16), (3, 1, 7), (4, 64, 32)]:
+        ctx = ContextParallel(world_size, rank, interleave)
+        got = _rank_answer(ctx, seed, k, None)
+        want = _single_rank_answer(seed, k)
+        assert torch.equal(got, want), (rank, seed, interleave)
+        results[f"world/{seed}"] = got
+    if world_size == 4:
+        # Two groups of two, through the group argument.
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        ctx = ContextParallel(2, rank % 2, 8)
+        got = _rank_answer(ctx, 5, 16, groups[rank // 2])
+        assert torch.equal(got, _single_rank_answer(5, 16)), rank
+        results["pairs/5"] = got
+    return results
 
 
-def _gloo_available() -> bool:
-    dist = torch.distributed
-    return bool(dist.is_available() and dist.is_gloo_available())
-
-
-@pytest.mark.skipif(not _gloo_available(), reason="torch.distributed with gloo is unavailable")
+@pytest.mark.skipif(not gloo_available(), reason="torch.distributed with gloo is unavailable")
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_exchange_and_merge_across_gloo_ranks(tmp_path: Path, world_size: int) -> None:
-    import torch.multiprocessing as mp
-
-    init_file = tmp_path / "init"
-    context = mp.spawn(
-        _worker, args=(world_size, str(init_file), str(tmp_path)), nprocs=world_size, join=False
-    )
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for proc in context.processes:
-                proc.kill()
-            pytest.fail(f"{world_size} gloo ranks did not finish within 120 s")
-    answers = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
+def test_exchange_and_merge_across_gloo_ranks(world_size: int) -> None:
+    answers = run_gloo_ranks(_ranked, world_size, None, timeout_s=120)
     for name, first in answers[0].items():
         seed = int(name.split("/")[1])
         k = first.shape[1]
