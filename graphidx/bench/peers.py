@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from graphidx.bench.step import STEP_BATCHES, median_ms
+from graphidx.bench.step import STEP_BATCHES, median_ms, replay_activities, short_name
 from graphidx.config import cdiv
 from graphidx.ops.backend import FP8_LOGIT_BOUND
 
@@ -118,6 +118,8 @@ def _peer_batch(
         lens.copy_(host_lens, non_blocking=True)
         graph.replay()
 
+    for kernel, us in replay_activities(graph.replay):
+        print(f"      {us:8.1f} us  {short_name(kernel)}", flush=True)
     return median_ms(step, False), median_ms(graph.replay, True)
 
 

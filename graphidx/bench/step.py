@@ -44,6 +44,8 @@ class StepRow:
     """Device activities of one replay (kernels, memsets, copies)."""
     launches_per_kind: dict[str, int]
     """Per layer kind (`dense`, `source`, `consumer`) and `step` (the step-level ones)."""
+    activities: tuple[tuple[str, float], ...] = ()
+    """(short name, device us) of each activity of one replay, in start order."""
 
 
 def preset(name: str, context: int, max_reqs: int) -> tuple[IndexerConfig, IndexerStack]:
@@ -81,14 +83,27 @@ def median_ms(fn: Callable[[], object], event: bool, repeat: int = REPEAT) -> fl
     return statistics.median(times)
 
 
-def _replay_launches(replay: Callable[[], object]) -> int:
+def replay_activities(replay: Callable[[], object]) -> list[tuple[str, float]]:
+    """(name, device us) of every kernel, memset and copy one call of `replay` runs, in
+    start order, from the profiler's record."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         replay()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    events.sort(key=lambda e: e.time_range.start)
+    return [(e.name, e.time_range.elapsed_us()) for e in events]
+
+
+def _replay_launches(replay: Callable[[], object]) -> int:
+    return len(replay_activities(replay))
+
+
+def short_name(kernel: str) -> str:
+    """A kernel's name without its template or argument list (profiler names can be long)."""
+    return kernel.split("(")[0].split("<")[0].strip()[:40]
 
 
 class _Setup:
@@ -176,7 +191,11 @@ def measure_step(name: str, context: int, batches: tuple[int, ...] = STEP_BATCHE
         shape = first.shape
         step_ms = median_ms(lambda: main.runner.step(step, views, synchronize=True), False)  # noqa: B023
         graph_ms = median_ms(lambda: main.runner.graphs.replay(shape), True)  # noqa: B023
-        launches = _replay_launches(lambda: main.runner.graphs.replay(shape))  # noqa: B023
+        activities = tuple(
+            (short_name(n), us)
+            for n, us in replay_activities(lambda: main.runner.graphs.replay(shape))  # noqa: B023
+        )
+        launches = len(activities)
         per_kind: dict[str, int] = {}
         for kind, (small, large) in probe_setups.items():
             one, two = small.launches(batch), large.launches(batch)
@@ -185,12 +204,16 @@ def measure_step(name: str, context: int, batches: tuple[int, ...] = STEP_BATCHE
                 per_kind["step"] = one - per_kind[kind]
             else:
                 per_kind["source + step"] = one
-        rows.append(StepRow(name, context, batch, step_ms, graph_ms, launches, per_kind))
+        rows.append(
+            StepRow(name, context, batch, step_ms, graph_ms, launches, per_kind, activities)
+        )
         print(
             f"  {name} {context} x {batch}: step {step_ms:.3f} ms, graph {graph_ms:.3f} ms, "
             f"{launches} launches {per_kind}",
             flush=True,
         )
+        for kernel, us in activities:
+            print(f"      {us:8.1f} us  {kernel}", flush=True)
     return rows
 
 
