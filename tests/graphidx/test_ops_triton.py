@@ -1075,6 +1075,42 @@ def test_resolve_candidate_pool_matches_reference(gen: torch.Generator) -> None:
     assert torch.equal(results[0][1], results[1][1])
 
 
+@pytest.mark.parametrize(
+    ("programs", "tile", "span"),
+    [(1024, 2048, 4), (2, 2048, 4), (3, 4, 4), (1024, 2048, 9), (2, 8, 40)],
+    ids=["marks", "rows-per-program", "tiles", "sort", "mixed"],
+)
+def test_resolve_candidate_pool_paths(
+    gen: torch.Generator, monkeypatch: pytest.MonkeyPatch, programs: int, tile: int, span: int
+) -> None:
+    """Both ways a row resolves (marks when its ids span <= POOL_MARKS x the pool, else a
+    sort), programs that take several rows and marks compacted over several tiles all
+    equal the reference; `span` x pool is the widest row's block count."""
+    from graphidx.ops.kernels import candidates
+
+    monkeypatch.setattr(candidates, "POOL_PROGRAMS", programs)
+    monkeypatch.setattr(candidates, "POOL_TILE", tile)
+    rows, pool_blocks, size = 7, 16, 3
+    blocks = span * pool_blocks * candidates.POOL_MARKS // 4
+    block_ids = torch.stack(
+        [torch.randperm(blocks + 5, generator=gen)[:pool_blocks] for _ in range(rows)]
+    ).to(torch.int32)
+    block_ids[:, ::5] = -1
+    block_ids[1] = -1  # no valid id
+    ends = torch.randint(0, blocks * size + 9, (rows,), generator=gen)
+    ends[2], ends[3] = 0, blocks * size  # empty row, widest row
+    row_ends = ends.to(torch.int32)
+    results = []
+    for backend in ("reference", "triton"):
+        positions = torch.full((rows, pool_blocks), SENTINEL, dtype=torch.int32)
+        live = torch.full((rows,), SENTINEL, dtype=torch.int32)
+        ops.resolve_candidate_pool(block_ids, row_ends, size, positions, live, backend=backend)
+        results.append((positions, live))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+    assert bool((results[0][1] > 0).any())
+
+
 def test_apply_candidate_mask_unsorted_unaligned_starts(gen: torch.Generator) -> None:
     rows, width, size = 5, 130, 4
     starts = torch.randint(-3, 135, (rows, 9), generator=gen).to(torch.int32)

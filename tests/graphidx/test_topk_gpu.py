@@ -53,22 +53,20 @@ def check_exact(logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.
     assert torch.equal(got & tied, want), "tied columns not picked in column order"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
-@pytest.mark.parametrize("k", [512, 2048])
-def test_every_program_count_at_full_size(k: int) -> None:
-    from graphidx.ops.kernels.topk import default_config, split_config, topk_per_row
-
+def hard_rows(k: int, rows: int, width: int, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, lengths) of `rows` x `width` normals with the hard rows first: ties at the
+    threshold, all equal, -inf columns, fewer finite values than k, the top keys crowded
+    into an eighth of `groups` interleaved groups, extra columns tied at the k-th value;
+    random lengths after the first 8 full ones, then 0 and k - 1."""
     gen = torch.Generator(device="cuda")
-    gen.manual_seed(k)
-    rows, width = 128, 65536
+    gen.manual_seed(k + width)
     logits = torch.randn(rows, width, device="cuda", generator=gen)
     logits[1] = torch.round(logits[1] * 8.0) / 8.0  # many ties at the threshold
     logits[2] = 0.25  # all equal
     logits[3, ::3] = float("-inf")
     logits[4, 100:] = float("-inf")  # fewer finite values than k
     # The top keys crowded into an eighth of the groups: more candidates than CAP, so the
-    # exact whole-row fallback runs.
-    groups = default_config(k, rows, width).groups
+    # exact whole-row fallback of the grouped paths runs.
     crowded = torch.arange(width, device="cuda") % groups < groups // 8
     logits[5, crowded] += 50.0
     # 60 more columns tied at the k-th value, 20 of them picked: few enough that the
@@ -80,11 +78,37 @@ def test_every_program_count_at_full_size(k: int) -> None:
     lengths[:8] = width
     lengths[8] = 0
     lengths[9] = k - 1
-    lengths = lengths.to(torch.int32)
+    return logits, lengths.to(torch.int32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+@pytest.mark.parametrize("k", [512, 2048])
+def test_every_program_count_at_full_size(k: int) -> None:
+    from graphidx.ops.kernels.topk import default_config, split_config, topk_per_row
+
+    rows, width = 128, 65536
+    logits, lengths = hard_rows(k, rows, width, default_config(k, rows, width).groups)
     # The default (P = 1 with 16 warps at this width) and every split.
     configs = [default_config(k, rows, width)] + [split_config(k, s) for s in (1, 2, 4, 8, 16)]
     for config in configs:
         for _ in range(3):  # races, if any, need repeats to show
             out = torch.full((rows, k), SENTINEL, dtype=torch.int32, device="cuda")
             topk_per_row(logits, lengths, k, out, config=config)
+            check_exact(logits, lengths, k, out)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+@pytest.mark.parametrize("width", [2048, 8256, 16384, 32768])
+@pytest.mark.parametrize("k", [512, 2048])
+def test_whole_row_kernel_at_full_size(k: int, width: int) -> None:
+    """The whole-row kernel on the hard rows, few and many of them, at every width it takes
+    by default and at its widest."""
+    from graphidx.ops.kernels.topk import topk_per_row, whole_row_config
+
+    for rows in (2, 128):
+        logits, lengths = hard_rows(k, max(rows, 10), width, 64)
+        logits, lengths = logits[:rows], lengths[:rows]
+        for _ in range(3):
+            out = torch.full((rows, k), SENTINEL, dtype=torch.int32, device="cuda")
+            topk_per_row(logits, lengths, k, out, config=whole_row_config(width))
             check_exact(logits, lengths, k, out)

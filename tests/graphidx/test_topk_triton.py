@@ -79,6 +79,9 @@ def run(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig 
 
 
 def small_config(k: int, split: int, groups: int = 32, capacity: int = 0) -> TopkConfig:
+    """Small sizes that exercise every phase on short rows; split 0: the whole-row kernel."""
+    if split == 0:
+        return TopkConfig(groups=groups, capacity=16, num_warps=4, whole_row=True)
     k_pad = 1 << (k - 1).bit_length()
     return TopkConfig(groups=groups, capacity=capacity or max(16, 2 * k_pad), num_warps=4,
                       programs_per_row=split, chunk=64)  # fmt: skip
@@ -91,7 +94,7 @@ def lengths_for(width: int, rows: int, gen: torch.Generator) -> torch.Tensor:
     return torch.tensor((fixed + rand)[:rows], dtype=torch.int32)
 
 
-@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("split", [0, 1, 2, 4])
 @pytest.mark.parametrize("k", [1, 13, 40])
 def test_random_rows_every_length(gen: torch.Generator, split: int, k: int) -> None:
     logits = torch.randn(10, 300, generator=gen) * 3.0
@@ -111,7 +114,7 @@ def tie_rows(gen: torch.Generator, width: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("split", [0, 1, 2, 4])
 @pytest.mark.parametrize("k", [1, 16, 40])
 def test_ties(gen: torch.Generator, split: int, k: int) -> None:
     logits = tie_rows(gen, 300)
@@ -132,7 +135,7 @@ def inf_nan_rows(gen: torch.Generator, width: int) -> torch.Tensor:
     return base
 
 
-@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("split", [0, 1, 4])
 @pytest.mark.parametrize("k", [1, 24])
 def test_inf_and_nan(gen: torch.Generator, split: int, k: int) -> None:
     logits = inf_nan_rows(gen, 256)
@@ -140,7 +143,7 @@ def test_inf_and_nan(gen: torch.Generator, split: int, k: int) -> None:
     run(logits, lengths, k, small_config(k, split))
 
 
-@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("split", [0, 1, 2])
 def test_finite_values_in_fewer_groups_than_k(gen: torch.Generator, split: int) -> None:
     """Every finite value in 2-4 of the row's 32 groups of 8 columns, more of them than k:
     the floor is -inf's key (fewer than k group maxima are finite), every finite column a
@@ -157,7 +160,7 @@ def test_finite_values_in_fewer_groups_than_k(gen: torch.Generator, split: int) 
     run(logits, lengths, 12, small_config(12, split))
 
 
-@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("split", [0, 1, 2])
 def test_k_equal_to_and_wider_than_the_row(gen: torch.Generator, split: int) -> None:
     logits = torch.randn(4, 64, generator=gen)
     logits[1, ::3] = NEG_INF
@@ -191,7 +194,7 @@ def crowded_rows(gen: torch.Generator, width: int, groups: int) -> torch.Tensor:
     return rows
 
 
-@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("split", [0, 1, 2, 4])
 @pytest.mark.parametrize("k", [5, 13])
 def test_candidate_overflow_falls_back_exactly(gen: torch.Generator, split: int, k: int) -> None:
     logits = crowded_rows(gen, 600, 32)
@@ -199,7 +202,7 @@ def test_candidate_overflow_falls_back_exactly(gen: torch.Generator, split: int,
     run(logits, lengths, k, small_config(k, split))
 
 
-@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("split", [0, 1, 2, 4])
 @pytest.mark.parametrize("k", [3, 20])
 def test_huge_negative_rows_with_never_picked_columns(
     gen: torch.Generator, split: int, k: int
@@ -248,11 +251,16 @@ def test_default_config_choice() -> None:
     assert default_config(2048, 128, 65536).programs_per_row == 1  # k above SPLIT_MAX_K
     assert default_config(2048, 128, 65536).groups == 8192
     assert default_config(512, 4096, 65536).programs_per_row == 1  # many rows
-    assert default_config(512, 8, 4096).programs_per_row == 1  # narrow rows
-    assert default_config(512, 8, 8192).programs_per_row == 2  # width-limited
+    assert default_config(512, 64, 32768).programs_per_row == 2  # 128 programs
+    assert default_config(512, 8, 20000).programs_per_row == 4  # width-limited
+    for width in (1, 4096, topk_kernels.WHOLE_ROW_COLUMNS):  # narrow rows: held whole
+        assert default_config(512, 8, width).whole_row, width
+    assert default_config(2048, 1, 8192).num_warps == 16  # 16 keys per thread
+    assert default_config(2048, 1, 1024).num_warps == 4
+    assert not default_config(512, 8, topk_kernels.WHOLE_ROW_COLUMNS + 1).whole_row
     wide = default_config(512, 1, 1 << 20)
     assert (wide.programs_per_row, wide.groups) == (128, 16384)
-    for k, rows, width in ((1, 1, 1), (2048, 128, 65536), (9000, 3, 1 << 20)):
+    for k, rows, width in ((1, 1, 40000), (2048, 128, 65536), (9000, 3, 1 << 20)):
         config = default_config(k, rows, width)
         check_config(config, k)
         assert config.groups // config.programs_per_row >= topk_kernels.MIN_SLICE_GROUPS
@@ -305,7 +313,7 @@ def test_long_rows_default_sizes(gen: torch.Generator, split: int) -> None:
     run(logits, lengths, 512, config)
 
 
-@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("split", [0, 1, 2, 4])
 def test_ties_at_the_threshold_picked_in_column_order(gen: torch.Generator, split: int) -> None:
     """When only some of the columns tied at the k-th value can be picked, the picks are the
     tied columns of smallest index (not the buffers' arrival order): equal inputs always give

@@ -157,6 +157,12 @@ WIDE_ROW_CHUNK = 4096
 WIDE_ROW_GROUPS = 4096
 MAX_STEP_COLUMNS = 32768
 """Columns one step of the one-program path may hold: its counts are packed in 16 bits."""
+WHOLE_ROW_COLUMNS = 16384
+"""Widest row `default_config` holds whole in registers (one program per row, one read)."""
+MAX_WHOLE_ROW_COLUMNS = 32768
+"""Widest row the whole-row path can hold (its prefix sums pack counts in 16 bits)."""
+WHOLE_ROW_KEYS = 16
+"""Keys per thread the whole-row path aims at (more warps for wider rows, up to 16)."""
 MIN_SLICE_COLUMNS = 4096
 """Columns of the width each program keeps at least (a shorter stream is all overhead)."""
 MIN_SLICE_GROUPS = 128
@@ -174,7 +180,9 @@ class TopkConfig:
     programs_per_row: P, programs splitting each row (groups // P >= 4); chunk: columns a
     program loads per step (P = 1: also per collect step, at most MAX_STEP_COLUMNS; P > 1:
     raised to groups // P when smaller); max_registers: Triton's `maxnreg` for every launch
-    (None: the compiler's choice), a tuning hook for occupancy.
+    (None: the compiler's choice), a tuning hook for occupancy; whole_row: one program per
+    row holds the whole row in registers (`_topk_whole_row_kernel`, widths up to
+    MAX_WHOLE_ROW_COLUMNS; groups, capacity, P and chunk unused).
     """
 
     groups: int
@@ -183,6 +191,7 @@ class TopkConfig:
     programs_per_row: int = 1
     chunk: int = 2048
     max_registers: int | None = None
+    whole_row: bool = False
 
 
 def default_config(k: int, rows: int, width: int) -> TopkConfig:
@@ -191,8 +200,11 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
     P doubles from 1 while k <= SPLIT_MAX_K, rows * P < TARGET_PROGRAMS, width >= 2P *
     MIN_SLICE_COLUMNS and P < MAX_PROGRAMS_PER_ROW; the sizes are then `split_config(k, P)`,
     with WIDE_ROW_WARPS warps, WIDE_ROW_CHUNK columns per step and at least WIDE_ROW_GROUPS
-    groups at P = 1 from WIDE_ROW_COLUMNS on.
+    groups at P = 1 from WIDE_ROW_COLUMNS on. Rows of at most WHOLE_ROW_COLUMNS columns are
+    held whole in registers (`whole_row_config`).
     """
+    if width <= WHOLE_ROW_COLUMNS:
+        return whole_row_config(width)
     split = 1
     while (
         k <= SPLIT_MAX_K
@@ -210,6 +222,13 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
             chunk=WIDE_ROW_CHUNK,
         )
     return config
+
+
+def whole_row_config(width: int) -> TopkConfig:
+    """One program per row with the row in registers: about WHOLE_ROW_KEYS keys per thread,
+    4 to 16 warps."""
+    warps = min(16, max(4, next_power_of_2(max(width, 1)) // (32 * WHOLE_ROW_KEYS)))
+    return TopkConfig(groups=MIN_GROUPS, capacity=2, num_warps=warps, whole_row=True)
 
 
 def split_config(k: int, programs_per_row: int) -> TopkConfig:
@@ -995,6 +1014,49 @@ def _topk_row_kernel(
 
 
 @triton.jit(do_not_specialize=["lengths_ptr", "width"])
+def _topk_whole_row_kernel(
+    logits_ptr,
+    lengths_ptr,
+    out_ptr,
+    stage_ptr,
+    row_stride,
+    out_row_stride,
+    width,
+    k,
+    K_PAD: tl.constexpr,
+    W_PAD: tl.constexpr,
+    BRACKET: tl.constexpr,
+):
+    """One program per row of at most W_PAD columns, held in registers: one read, the exact
+    search for the k-th largest key over all of them, then the picks in column order (ties
+    by column), or with the last bracket ranked by `_emit_ranked` (staged in the row's
+    2 * BRACKET ints of stage)."""
+    row = tl.program_id(0).to(tl.int64)
+    n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
+    src = logits_ptr + row * row_stride
+    dst = out_ptr + row * out_row_stride
+    RUN: tl.constexpr = 4 if W_PAD >= 4 else 1
+    col = tl.arange(0, W_PAD // RUN)[:, None] * RUN + tl.arange(0, RUN)[None, :]
+    key = _load_keys(src, col, col < n, True)
+    largest, smallest, live = _key_range(key)
+    if live <= k:
+        picked = (key > 0).to(tl.int32)
+        slot, _ = _run_prefix(picked)
+        tl.store(dst + slot, col, mask=picked != 0)
+        tail = tl.arange(0, K_PAD)
+        tl.store(dst + tail, tl.full([K_PAD], -1, tl.int32), mask=(tail >= live) & (tail < k))
+    else:
+        threshold, reaching, hi, above_hi = _kth_largest_key(
+            key, k, k, k, largest, smallest, live, 0, 0, 32, BRACKET
+        )
+        if (reaching > k) & (reaching - above_hi <= BRACKET):
+            _emit_ranked(key, col, threshold, hi, reaching - above_hi, above_hi, k,
+                         stage_ptr + row * (2 * BRACKET), dst, BRACKET)  # fmt: skip
+        else:
+            _emit_selection(key, col, threshold, k, dst)
+
+
+@triton.jit(do_not_specialize=["lengths_ptr", "width"])
 def _split_floor_kernel(
     logits_ptr,
     lengths_ptr,
@@ -1080,6 +1142,8 @@ def check_config(config: TopkConfig, k: int) -> None:
     registers = config.max_registers
     if registers is not None and (not isinstance(registers, int) or not 24 <= registers <= 255):
         raise ValueError(f"config.max_registers must be None or in [24, 255], got {registers!r}")
+    if config.whole_row:
+        return
     k_pad = next_power_of_2(k)
     if config.capacity < k_pad:
         raise ValueError(f"config.capacity {config.capacity} < next_power_of_2(k) {k_pad}")
@@ -1116,6 +1180,7 @@ class _Plan:
     """Everything a `topk_per_row` call launches, from (k, rows, width, config) alone."""
 
     split: int
+    """P, or 0 for the whole-row kernel."""
     batch: int
     scratch_ints: int
     constexprs: tuple[dict[str, int | bool], ...]  # per launch of one row batch
@@ -1128,6 +1193,17 @@ def _plan(k: int, rows: int, width: int, config: TopkConfig | None) -> _Plan:
     cfg = config or default_config(k, rows, width)
     check_config(cfg, k)
     k_pad = next_power_of_2(k)
+    if cfg.whole_row:
+        if width > MAX_WHOLE_ROW_COLUMNS:
+            raise ValueError(
+                f"config.whole_row holds rows of at most {MAX_WHOLE_ROW_COLUMNS} columns, "
+                f"got {width}"
+            )
+        row_ints = 2 * RANK_KEYS.value
+        constexprs = (dict(K_PAD=k_pad, W_PAD=max(16, next_power_of_2(width)),
+                           BRACKET=RANK_KEYS.value),)  # fmt: skip
+        return _Plan(0, max(1, SCRATCH_BYTES // (4 * row_ints)), row_ints, constexprs,
+                     _launch_options(cfg))  # fmt: skip
     split = cfg.programs_per_row
     if split == 1:
         group = group_columns(width, cfg.groups)
@@ -1184,9 +1260,10 @@ def topk_per_row(
     out[r] gets the columns of the k largest of logits[r, :clamp(lengths[r], 0, W)] in any
     order, -1 padded; -inf is never picked. `config` overrides `default_config(k, rows, W)`
     (tuning hook, checked by `check_config`). Reads no device value on the host: P and every
-    size come from the shapes, so a captured launch replays correctly at any lengths. P = 1:
-    `_topk_row_kernel` per row; P > 1: `_split_floor_kernel` then `_split_collect_kernel`
-    over P programs per row. Rows go in batches whose scratch fits SCRATCH_BYTES.
+    size come from the shapes, so a captured launch replays correctly at any lengths. Whole
+    rows: `_topk_whole_row_kernel` per row; P = 1: `_topk_row_kernel` per row; P > 1:
+    `_split_floor_kernel` then `_split_collect_kernel` over P programs per row. Rows go in
+    batches whose scratch fits SCRATCH_BYTES.
     """
     rows, width = logits.shape
     if rows == 0 or k == 0:
@@ -1197,6 +1274,12 @@ def topk_per_row(
                           device=device)  # fmt: skip
     options, split = plan.options, plan.split
     lstride, ostride = logits.stride(0), out.stride(0)
+    if split == 0:
+        (whole_c,) = plan.constexprs
+        for n, (x, lens, dst) in _row_batches(rows, plan.batch, logits, lengths, out):
+            launch(_topk_whole_row_kernel, (n,), x, lens, dst, scratch, lstride, ostride, width,
+                   k, **whole_c, **options)  # fmt: skip
+        return
     if split == 1:
         (row_c,) = plan.constexprs
         for n, (x, lens, dst) in _row_batches(rows, plan.batch, logits, lengths, out):
