@@ -134,7 +134,8 @@ def test_build_decode_schedule_too_small_buffer() -> None:
 
 @pytest.mark.parametrize(
     ("groups", "width", "target", "split_keys"),
-    [(1, 8192, 528, 2048), (3, 5000, 16, 1024), (64, 8192, 528, 2048), (5, 300, 8, 2048)],
+    [(1, 8192, 528, 2048), (3, 5000, 16, 1024), (64, 8192, 528, 2048), (5, 300, 8, 2048),
+     (1, 300000, 2000, 256), (17, 40000, 2000, 256)],  # more items than a tile holds
 )
 def test_target_items_cut_a_small_step_finer(
     gen: torch.Generator, groups: int, width: int, target: int, split_keys: int

@@ -3,9 +3,9 @@
 One program writes the schedule buffer on the device, so building it is part of the step's
 device work and never a host sync. Two passes over the groups in blocks of BLOCK_G: the first
 counts items (to know whether the buffer's capacity suffices), the second writes each group's
-items with one masked 2-D store per block of BLOCK_J items. With ADAPT (a target item count)
-the first pass sums the groups' keys instead, the item size is chosen from that sum, and a
-counting pass at that size runs before the writing one.
+items with one masked 2-D store per block of BLOCK_J items (`block_sizes`). With ADAPT (a
+target item count) the first pass sums the groups' keys instead, the item size is chosen
+from that sum, and a counting pass at that size runs before the writing one.
 
 With DERIVE the same program is the captured uniform-decode step's metadata: the group spans
 come from the persistent request lengths and the live-request count instead of `row_lens`,
@@ -37,8 +37,16 @@ HEADER_INTS = tl.constexpr(fmt.SCHEDULE_HEADER_INTS)
 ALIGNMENT = tl.constexpr(fmt.SPLIT_ALIGNMENT)
 ITEM_INTS = tl.constexpr(fmt.SCHEDULE_ITEM_INTS)
 
-BLOCK_G = 128
-BLOCK_J = 64
+BLOCK_TILE = 8192
+"""Slots of one masked store tile: BLOCK_G groups x BLOCK_J items (`block_sizes`)."""
+
+
+def block_sizes(num_groups: int) -> tuple[int, int]:
+    """(BLOCK_G, BLOCK_J) for `num_groups` groups: 1 x 1024 for one group, 16 x 512 up to 16,
+    else 128 x 64 (three variants; a small step's few groups, each cut into up to hundreds of
+    items, then write them in one tile instead of several mostly masked ones)."""
+    block_g = 1 if num_groups <= 1 else 16 if num_groups <= 16 else 128
+    return block_g, min(1024, BLOCK_TILE // block_g)
 
 
 @triton.jit
@@ -191,6 +199,7 @@ def _launch(
     candidate_block_size: int = 0,
 ) -> None:
     capacity = 0 if schedule is None else fmt.schedule_capacity(schedule)
+    block_g, block_j = block_sizes(num_groups)
     launch(
         _build_schedule_kernel,
         (1,),
@@ -209,8 +218,8 @@ def _launch(
         R=compress_ratio,
         C=candidate_block_size,
         SPLIT=split_keys,
-        BLOCK_G=BLOCK_G,
-        BLOCK_J=BLOCK_J,
+        BLOCK_G=block_g,
+        BLOCK_J=block_j,
         num_warps=4,
     )
 
