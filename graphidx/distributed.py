@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -495,20 +496,29 @@ def _check_group(dcp: object) -> ContextParallelGroup:
     return dcp
 
 
+def _check_sharded(dcp: object, logits: object, k: int, out: object) -> ContextParallelGroup:
+    """What both sharded top-ks check before the exchange: the group, logits float32
+    `[rows, width]` and `out` int32 `[rows, k]`; returns the group."""
+    group = _check_group(dcp)
+    check_tensor("logits", logits, dtype=torch.float32, rank=2)
+    assert isinstance(logits, torch.Tensor)
+    _check_outputs(logits.shape[0], k, out, None, logits.device)
+    return group
+
+
 def _exchange_and_merge(
-    dcp: ContextParallelGroup,
+    group: ContextParallelGroup,
     local: Callable[[torch.Tensor, torch.Tensor], None],
-    rows: int,
     k: int,
     out: torch.Tensor,
-    device: torch.device,
 ) -> None:
-    """`local(positions, scores)` writes this rank's `[rows, k]` candidates; they are
-    exchanged across `dcp.group` and merged into `out`."""
+    """`local(positions, scores)` writes this rank's `[rows, k]` candidates (rows those of
+    `out`); they are exchanged across `group.group` and merged into `out`."""
+    rows, device = out.shape[0], out.device
     positions = torch.empty((rows, k), dtype=torch.int32, device=device)
     scores = torch.empty((rows, k), dtype=torch.float32, device=device)
     local(positions, scores)
-    all_scores, all_positions = exchange_topk(scores, positions, dcp.group)
+    all_scores, all_positions = exchange_topk(scores, positions, group.group)
     merge_topk(all_scores, all_positions, k, out)
 
 
@@ -531,15 +541,9 @@ def sharded_topk(
     candidate blocks' top-k passes `dcp.ctx.blocks(C)`). Every rank must call it with the
     same rows and k (one all-gather).
     """
-    _check_group(dcp)
-    check_tensor("logits", logits, dtype=torch.float32, rank=2)
-    _check_outputs(logits.shape[0], k, out, None, logits.device)
-    view = dcp.ctx if ctx is None else _check_ctx(ctx)
-
-    def local(positions: torch.Tensor, scores: torch.Tensor) -> None:
-        local_topk(view, logits, lengths, k, positions, scores)
-
-    _exchange_and_merge(dcp, local, logits.shape[0], k, out, logits.device)
+    group = _check_sharded(dcp, logits, k, out)
+    view = group.ctx if ctx is None else _check_ctx(ctx)
+    _exchange_and_merge(group, partial(local_topk, view, logits, lengths, k), k, out)
 
 
 def sharded_topk_at(
@@ -553,14 +557,8 @@ def sharded_topk_at(
     """`sharded_topk` over columns whose global positions are given (`local_topk_at`):
     a consumer's compact logits over its part of the candidate pool. Writes `out` int32
     `[rows, k]`, identical on every rank."""
-    _check_group(dcp)
-    check_tensor("logits", logits, dtype=torch.float32, rank=2)
-    _check_outputs(logits.shape[0], k, out, None, logits.device)
-
-    def local(picked: torch.Tensor, scores: torch.Tensor) -> None:
-        local_topk_at(logits, positions, lengths, k, picked, scores)
-
-    _exchange_and_merge(dcp, local, logits.shape[0], k, out, logits.device)
+    group = _check_sharded(dcp, logits, k, out)
+    _exchange_and_merge(group, partial(local_topk_at, logits, positions, lengths, k), k, out)
 
 
 def unpin_foreign_newest_block(
