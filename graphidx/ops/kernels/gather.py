@@ -23,7 +23,6 @@ import triton
 import triton.language as tl
 
 from graphidx.config import cdiv
-from graphidx.mxfp4 import cache_layout
 from graphidx.ops.kernels import (
     OPERANDS_FP32,
     multiprocessor_count,
@@ -33,6 +32,14 @@ from graphidx.ops.kernels import (
 )
 from graphidx.ops.kernels.fp8_tl import fp8_operand, fp8_queries
 from graphidx.ops.kernels.launch import launch
+from graphidx.ops.kernels.logits import (
+    MIN_MMA_COLUMNS,
+    PagedQueryShape,
+    check_launch_options,
+    launch_options,
+    operand_strides,
+    padded_heads,
+)
 from graphidx.ops.kernels.mxfp4_tl import (
     BF16X2_OPERANDS,
     LINE_ENTRIES,
@@ -46,7 +53,6 @@ from graphidx.ops.kernels.mxfp4_tl import (
     relu_propagate_nan,
     seq_of_row,
     tile_scores,
-    tile_split,
 )
 from graphidx.ops.kernels.ptx import store_b32
 
@@ -76,7 +82,6 @@ MIN_SPLIT_TILES = 4
 decodes its row's queries once)."""
 
 REMAP_BLOCK = 1024
-MIN_MMA_COLUMNS = 16
 
 
 @dataclass(frozen=True)
@@ -111,20 +116,7 @@ def check_config(config: GatherConfig) -> None:
             f"config.split must be a positive multiple of block_n = {block_n} (whole tiles "
             f"per program) up to {MAX_SPLIT_COLUMNS}, got {config.split}"
         )
-    if config.num_warps not in (4, 8):
-        raise ValueError(f"config.num_warps must be 4 or 8, got {config.num_warps}")
-    if config.num_stages < 1:
-        raise ValueError(f"config.num_stages must be >= 1, got {config.num_stages}")
-    if config.max_registers is not None:
-        if not 24 <= config.max_registers <= 255:
-            raise ValueError(
-                f"config.max_registers must be in [24, 255] or None, got {config.max_registers}"
-            )
-        if operand_mode() != BF16X2_OPERANDS.value:
-            raise ValueError(
-                f"config.max_registers is an NVIDIA GPU option (Triton's maxnreg), got "
-                f"{config.max_registers} on a {'ROCm GPU' if torch.version.hip else 'CPU'}"
-            )
+    check_launch_options(config, operand_mode())
 
 
 def default_config(
@@ -161,7 +153,7 @@ def default_config(
     block_n = max(block_n, next_power_of_2(candidate_block_size))
     cap, prefetch, split = None, True, GATHER_SPLIT_COLUMNS
     if operand_mode() == BF16X2_OPERANDS.value and block_n == 128:
-        tuned = GATHER_OCCUPANCY.get(max(_padded_heads(num_heads), 32))
+        tuned = GATHER_OCCUPANCY.get(max(padded_heads(num_heads), 32))
         if tuned is not None:
             held = tuned.uncapped_programs_per_sm * multiprocessors
             while (
@@ -180,11 +172,6 @@ def default_config(
         max_registers=cap,
         split=split,
     )
-
-
-def _padded_heads(num_heads: int) -> int:
-    """The MMA's N: heads padded to a power of two, at least MIN_MMA_COLUMNS."""
-    return max(next_power_of_2(num_heads), MIN_MMA_COLUMNS)
 
 
 @triton.jit
@@ -439,23 +426,11 @@ def gather_mqa_logits(
     Same contract as `graphidx.ops.gather_mqa_logits`; `config` overrides the shape-chosen
     tiles (tuning hook, checked by `check_config`). Reads no device value on the host.
     """
-    rows, num_heads, value_bytes = q.shape
-    head_dim = 2 * value_bytes
-    out_width = out.shape[1]
-    if page_entries is None:
-        page_entries = kv_cache.shape[1] // (head_dim // 2 + head_dim // 32)
-    layout = cache_layout(num_heads, head_dim, page_entries)
-    if query_start_loc is not None and next_n is not None:
-        raise ValueError("query_start_loc and next_n are exclusive row groupings; got both")
-    if query_start_loc is not None:
-        grouping, rows_per_seq, num_seqs = 1, 1, query_start_loc.shape[0] - 1
-    else:
-        grouping, rows_per_seq = 0, 1 if next_n is None else next_n
-        num_seqs = rows // rows_per_seq
-    sub, run = tile_split(head_dim)
+    shape = PagedQueryShape.of(q, kv_cache, query_start_loc, next_n, page_entries)
+    rows, out_width = shape.rows, out.shape[1]
     require_bf16_tensor_cores(q.device)
     cfg = config or default_config(
-        candidate_block_size, num_heads, rows, out_width, multiprocessor_count(q.device)
+        candidate_block_size, shape.num_heads, rows, out_width, multiprocessor_count(q.device)
     )
     check_config(cfg)
     kv_words = cache_words(kv_cache)
@@ -465,20 +440,13 @@ def gather_mqa_logits(
     grid = (rows, cdiv(out_width, cfg.split))
     launch(_gather_logits_kernel, grid,
         q, q_scale, kv_words, weights, context_lens, block_table, positions, live_cols, out, qsl,
-        q.stride(0), q.stride(1), q_scale.stride(0), q_scale.stride(1), kv_words.stride(0),
-        weights.stride(0), block_table.stride(0), positions.stride(0), out.stride(0),
+        *operand_strides(q, q_scale, kv_words, weights, block_table), positions.stride(0),
+        out.stride(0),
         # rows_per_seq is a runtime value: a prefill gather launch is one seq of any number
         # of rows, and a constexpr would compile the kernel again for every launch size.
-        num_seqs, rows_per_seq, positions.shape[1], out_width,
-        H=num_heads,
-        HP=_padded_heads(num_heads),
-        D=head_dim,
-        SUB=sub,
-        RUN=run,
-        E=layout.page_entries,
-        NPT=layout.n_per_tile,
-        LANES=layout.scale_lanes,
-        GROUPING=grouping,
+        shape.num_seqs, shape.rows_per_seq, positions.shape[1], out_width,
+        **shape.tile_constexprs(),
+        GROUPING=shape.grouping,
         C=candidate_block_size,
         BLOCK_N=cfg.block_n,
         SPLIT=cfg.split,
@@ -487,9 +455,7 @@ def gather_mqa_logits(
         PREFETCH=cfg.prefetch,
         LINE_RUN=LINE_ENTRIES.value if candidate_block_size % LINE_ENTRIES.value == 0 else 1,
         FP8=precision == "fp8",
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **({} if cfg.max_registers is None else {"maxnreg": cfg.max_registers}),
+        **launch_options(cfg),
     )  # fmt: skip
 
 

@@ -34,13 +34,14 @@ Row groups and grids (all decided by shapes, never by device values):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import triton
 import triton.language as tl
 
 from graphidx.config import cdiv
-from graphidx.mxfp4 import cache_layout
+from graphidx.mxfp4 import CacheLayout, cache_layout
 from graphidx.ops.kernels import (
     OPERANDS_BF16X2,
     OPERANDS_FP32,
@@ -103,6 +104,137 @@ of their `== 1` / `% 16` / pointer-alignment properties (see tools/count_special
 MIN_MMA_COLUMNS = 16  # tl.dot needs N >= 16
 
 
+class LaunchOptions(Protocol):
+    """The Triton launch options a logits or gather config carries."""
+
+    @property
+    def num_warps(self) -> int: ...
+
+    @property
+    def num_stages(self) -> int: ...
+
+    @property
+    def max_registers(self) -> int | None: ...
+
+
+def check_launch_options(config: LaunchOptions, mode: int) -> None:
+    """ValueError naming the first launch option of `config` the kernels cannot run under
+    operand mode `mode` (`operand_mode()`): num_warps 4 or 8, num_stages >= 1, max_registers
+    None or in [24, 255] (OPERANDS_BF16X2 only: NVIDIA)."""
+    if config.num_warps not in (4, 8):
+        raise ValueError(f"config.num_warps must be 4 or 8, got {config.num_warps}")
+    if config.num_stages < 1:
+        raise ValueError(f"config.num_stages must be >= 1, got {config.num_stages}")
+    if config.max_registers is not None:
+        if not 24 <= config.max_registers <= 255:
+            raise ValueError(
+                f"config.max_registers must be in [24, 255] or None, got {config.max_registers}"
+            )
+        if mode != OPERANDS_BF16X2:
+            raise ValueError(
+                f"config.max_registers is an NVIDIA GPU option (Triton's maxnreg), got "
+                f"{config.max_registers} on a {'ROCm GPU' if torch.version.hip else 'CPU'}"
+            )
+
+
+def launch_options(config: LaunchOptions) -> dict[str, int]:
+    """`config`'s options as `launch` keywords (`maxnreg` only when capped)."""
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if config.max_registers is not None:
+        options["maxnreg"] = config.max_registers
+    return options
+
+
+def padded_heads(num_heads: int) -> int:
+    """The MMA's N per row: heads padded to a power of two, at least MIN_MMA_COLUMNS."""
+    return max(next_power_of_2(num_heads), MIN_MMA_COLUMNS)
+
+
+@dataclass(frozen=True)
+class PagedQueryShape:
+    """What a logits launcher (dense or gather) knows of its paged MXFP4 query from shapes
+    alone: `rows` query rows of `num_heads` heads of `head_dim`, the cache `layout`, the row
+    grouping (GROUP_FIXED: `rows_per_seq` consecutive rows per seq; GROUP_QUERY_START_LOC:
+    seqs given by query_start_loc, rows_per_seq 1), `num_seqs`, and (`sub`, `run`) the
+    thread split of a row's codes (`tile_split`)."""
+
+    rows: int
+    num_heads: int
+    head_dim: int
+    layout: CacheLayout
+    grouping: int
+    rows_per_seq: int
+    num_seqs: int
+    sub: int
+    run: int
+
+    @classmethod
+    def of(
+        cls,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        query_start_loc: torch.Tensor | None,
+        next_n: int | None,
+        page_entries: int | None,
+        *,
+        scheduled: bool = False,
+    ) -> PagedQueryShape:
+        """The shape of q uint8 `[rows, H, D/2]` over kv_cache (pages of `page_entries`,
+        None: page_stride // entry_bytes) under the row grouping. ValueError for both
+        groupings at once, for a decode schedule (`scheduled`) with query_start_loc, and for
+        a head_dim the kernels do not tile."""
+        rows, num_heads, value_bytes = q.shape
+        head_dim = 2 * value_bytes
+        if page_entries is None:
+            page_entries = kv_cache.shape[1] // (head_dim // 2 + head_dim // 32)
+        layout = cache_layout(num_heads, head_dim, page_entries)
+        if query_start_loc is not None and next_n is not None:
+            raise ValueError("query_start_loc and next_n are exclusive row groupings; got both")
+        if query_start_loc is not None:
+            if scheduled:
+                raise ValueError("schedule is a decode schedule; it cannot drive a prefill launch")
+            grouping, rows_per_seq = GROUP_QUERY_START_LOC, 1
+            num_seqs = query_start_loc.shape[0] - 1
+        else:
+            grouping, rows_per_seq = GROUP_FIXED, 1 if next_n is None else next_n
+            num_seqs = rows // rows_per_seq
+        sub, run = tile_split(head_dim)
+        return cls(rows, num_heads, head_dim, layout, grouping, rows_per_seq, num_seqs, sub, run)
+
+    def tile_constexprs(self) -> dict[str, int]:
+        """The constexprs every logits kernel takes for its query and cache tiles."""
+        return {
+            "H": self.num_heads,
+            "HP": padded_heads(self.num_heads),
+            "D": self.head_dim,
+            "SUB": self.sub,
+            "RUN": self.run,
+            "E": self.layout.page_entries,
+            "NPT": self.layout.n_per_tile,
+            "LANES": self.layout.scale_lanes,
+        }
+
+
+def operand_strides(
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    kv_words: torch.Tensor,
+    weights: torch.Tensor,
+    block_table: torch.Tensor,
+) -> tuple[int, ...]:
+    """The leading strides of every logits kernel, in their order: q's row and head, q_scale's
+    row and head, the page (in words of `cache_words`), weights' row and block_table's row."""
+    return (
+        q.stride(0),
+        q.stride(1),
+        q_scale.stride(0),
+        q_scale.stride(1),
+        kv_words.stride(0),
+        weights.stride(0),
+        block_table.stride(0),
+    )
+
+
 @dataclass(frozen=True)
 class LogitsConfig:
     """Tile shape and launch parameters of one dense-logits launch (chosen from shapes;
@@ -158,19 +290,9 @@ def check_config(config: LogitsConfig, page_entries: int) -> None:
         )
     if config.block_r < 1 or config.block_r & (config.block_r - 1):
         raise ValueError(f"config.block_r must be a power of two, got {config.block_r}")
-    if config.num_warps not in (4, 8):
-        raise ValueError(f"config.num_warps must be 4 or 8, got {config.num_warps}")
-    if config.num_stages < 1:
-        raise ValueError(f"config.num_stages must be >= 1, got {config.num_stages}")
+    check_launch_options(config, operand_mode())
     if config.programs_per_sm < 1:
         raise ValueError(f"config.programs_per_sm must be >= 1, got {config.programs_per_sm}")
-    if config.max_registers is not None:
-        if not 24 <= config.max_registers <= 255:
-            raise ValueError(
-                f"config.max_registers must be in [24, 255] or None, got {config.max_registers}"
-            )
-        if operand_mode() != OPERANDS_BF16X2:
-            raise ValueError("config.max_registers is an NVIDIA GPU option (Triton's maxnreg)")
     if config.halves and config.block_r < 2:
         raise ValueError(f"config.halves needs block_r >= 2, got {config.block_r}")
     if config.l2_prefetch and not (config.prefetch and config.block_n % 32 == 0):
@@ -869,27 +991,17 @@ def paged_mqa_logits(
     power-of-two C <= 256. `config` overrides the shape-chosen tiles (tuning hook).
     Reads no device value on the host.
     """
-    rows, num_heads, value_bytes = q.shape
-    head_dim = 2 * value_bytes
+    shape = PagedQueryShape.of(
+        q, kv_cache, query_start_loc, next_n, page_entries, scheduled=schedule is not None
+    )
+    rows, num_seqs = shape.rows, shape.num_seqs
+    grouping, rows_per_seq = shape.grouping, shape.rows_per_seq
+    entries = shape.layout.page_entries
     width = out.shape[1]
-    if page_entries is None:
-        page_entries = kv_cache.shape[1] // (head_dim // 2 + head_dim // 32)
-    layout = cache_layout(num_heads, head_dim, page_entries)
-    if query_start_loc is not None and next_n is not None:
-        raise ValueError("query_start_loc and next_n are exclusive row groupings; got both")
-    if query_start_loc is not None:
-        if schedule is not None:
-            raise ValueError("schedule is a decode schedule; it cannot drive a prefill launch")
-        grouping, rows_per_seq = GROUP_QUERY_START_LOC, 1
-        num_seqs = query_start_loc.shape[0] - 1
-    else:
-        grouping, rows_per_seq = GROUP_FIXED, 1 if next_n is None else next_n
-        num_seqs = rows // rows_per_seq
-    sub, run = tile_split(head_dim)
-    heads_pad = max(next_power_of_2(num_heads), MIN_MMA_COLUMNS)
     size = candidate_block_size if block_scores is not None else 1
-    cfg = config or default_config(grouping, heads_pad, rows_per_seq, size, layout.page_entries)
-    check_config(cfg, layout.page_entries)
+    heads_pad = padded_heads(shape.num_heads)
+    cfg = config or default_config(grouping, heads_pad, rows_per_seq, size, entries)
+    check_config(cfg, entries)
     require_bf16_tensor_cores(q.device)
     if block_scores is not None:
         _check_block_size(candidate_block_size, cfg.block_n)
@@ -900,35 +1012,20 @@ def paged_mqa_logits(
     bs = block_scores if block_scores is not None else out
     qsl = query_start_loc if query_start_loc is not None else context_lens
     common = dict(
-        H=num_heads,
-        HP=heads_pad,
-        D=head_dim,
-        SUB=sub,
-        RUN=run,
-        E=layout.page_entries,
-        NPT=layout.n_per_tile,
-        LANES=layout.scale_lanes,
+        **shape.tile_constexprs(),
         BLOCK_R=cfg.block_r,
         BLOCK_N=cfg.block_n,
         HAS_BLOCK_SCORES=block_scores is not None,
         C=size,
         OPERANDS=operand_mode(),
-        MMA_ROWS=uses_mma_rows(cfg, layout.page_entries),
+        MMA_ROWS=uses_mma_rows(cfg, entries),
         PREFETCH=(2 if cfg.l2_prefetch else 1) if cfg.prefetch else 0,
         HALVES=cfg.halves,
         FP8=precision == "fp8",
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **({} if cfg.max_registers is None else {"maxnreg": cfg.max_registers}),
+        **launch_options(cfg),
     )
     strides = (
-        q.stride(0),
-        q.stride(1),
-        q_scale.stride(0),
-        q_scale.stride(1),
-        kv_words.stride(0),
-        weights.stride(0),
-        block_table.stride(0),
+        *operand_strides(q, q_scale, kv_words, weights, block_table),
         out.stride(0),
         bs.stride(0),
     )
