@@ -12,11 +12,12 @@ from __future__ import annotations
 import torch
 
 from graphidx.mxfp4 import cache_layout, dequantize_mxfp4
-from graphidx.ops.backend import resolve_backend, resolve_precision
+from graphidx.ops.backend import resolve_backend
 from graphidx.ops.logits import (
     REFERENCE_BATCH_ELEMENTS,
     check_pages,
     read_keys,
+    resolve_logits_backend,
     row_seq_index,
     seq_row_ranges,
     weighted_relu_scores,
@@ -26,8 +27,7 @@ from graphidx.ops.validate import (
     check_bool,
     check_int,
     check_int32,
-    check_query_and_cache,
-    check_row_grouping,
+    check_paged_query,
     check_rows,
     check_tensor,
 )
@@ -187,8 +187,10 @@ def gather_mqa_logits(
     whose pool slot is -1 padding, is -inf and reads nothing. Columns >= live are untouched,
     or -inf when `clean`. `precision` as in `paged_mqa_logits`.
     """
-    rows, layout, device = check_query_and_cache(q, q_scale, weights, kv_cache, page_entries)
-    check_row_grouping(rows, context_lens, block_table, query_start_loc, next_n, device)
+    rows, layout, device = check_paged_query(
+        q, q_scale, kv_cache, weights, context_lens, block_table, query_start_loc, next_n,
+        page_entries,
+    )  # fmt: skip
     check_int("candidate_block_size", candidate_block_size, minimum=1)
     check_int32("positions", positions, (rows, None), device)
     check_rows("live_cols", live_cols, rows, device)
@@ -200,8 +202,7 @@ def gather_mqa_logits(
             f"{positions.shape[1]} blocks x {candidate_block_size} = {pool_cols}"
         )
     check_bool("clean", clean)
-    resolved = resolve_backend(backend, device)
-    mode = resolve_precision(precision, resolved, device)
+    resolved, mode = resolve_logits_backend(backend, precision, device)
     _gather_mqa_logits(
         q,
         q_scale,

@@ -25,8 +25,7 @@ from graphidx.ops.validate import (
     check_block_scores,
     check_bool,
     check_int,
-    check_query_and_cache,
-    check_row_grouping,
+    check_paged_query,
     check_rows,
     check_tensor,
 )
@@ -313,6 +312,15 @@ def paged_mqa_logits_reference(
 # ---------------------------------------------------------------------------------------
 
 
+def resolve_logits_backend(
+    backend: str | None, precision: str | None, device: torch.device
+) -> tuple[str, str]:
+    """`(backend, precision)` a logits op runs at on `device` (`resolve_backend`, then
+    `resolve_precision` for that backend); ValueError for either that cannot run there."""
+    resolved = resolve_backend(backend, device)
+    return resolved, resolve_precision(precision, resolved, device)
+
+
 _paged_mqa_logits = define_op(
     "paged_mqa_logits", paged_mqa_logits_reference, "logits", mutates_args=("out", "block_scores")
 )
@@ -357,8 +365,10 @@ def paged_mqa_logits(
     the device's default, `graphidx.ops.backend.default_precision`). Page ids are not
     range-checked here (see validate.check_block_table).
     """
-    rows, layout, device = check_query_and_cache(q, q_scale, weights, kv_cache, page_entries)
-    check_row_grouping(rows, context_lens, block_table, query_start_loc, next_n, device)
+    rows, layout, device = check_paged_query(
+        q, q_scale, kv_cache, weights, context_lens, block_table, query_start_loc, next_n,
+        page_entries,
+    )  # fmt: skip
     check_rows("row_ends", row_ends, rows, device)
     check_tensor("out", out, dtype=torch.float32, rank=2, device=device, shape=(rows, None))
     if schedule is not None:
@@ -367,8 +377,7 @@ def paged_mqa_logits(
     if block_scores is not None:
         check_block_scores(block_scores, candidate_block_size, rows, out.shape[1], device)
     check_bool("clean", clean)
-    resolved = resolve_backend(backend, device)
-    mode = resolve_precision(precision, resolved, device)
+    resolved, mode = resolve_logits_backend(backend, precision, device)
     _paged_mqa_logits(
         q,
         q_scale,

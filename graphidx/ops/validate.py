@@ -229,13 +229,23 @@ def check_row_grouping(
     return num_seqs
 
 
-def check_query_and_cache(
-    q: object, q_scale: object, weights: object, kv_cache: object, page_entries: int | None
+def check_paged_query(
+    q: object,
+    q_scale: object,
+    kv_cache: object,
+    weights: object,
+    context_lens: object,
+    block_table: object,
+    query_start_loc: object,
+    next_n: object,
+    page_entries: int | None,
 ) -> tuple[int, CacheLayout, torch.device]:
-    """The MXFP4 query (`check_mxfp4_query`) and the paged cache it reads
-    (`resolve_cache_layout`), checked in that order; returns `(rows, layout, q's device)`."""
+    """The operands every paged logits op reads, checked in this order: the MXFP4 query
+    (`check_mxfp4_query`), the paged cache it reads (`resolve_cache_layout`) and the row
+    grouping into seqs (`check_row_grouping`); returns `(rows, layout, q's device)`."""
     rows, num_heads, head_dim, device = check_mxfp4_query(q, q_scale, weights)
     layout = resolve_cache_layout(kv_cache, num_heads, head_dim, page_entries, device)
+    check_row_grouping(rows, context_lens, block_table, query_start_loc, next_n, device)
     return rows, layout, device
 
 

@@ -341,13 +341,13 @@ def test_layers_run_in_the_configured_precision(
 
     asked: list[tuple[str, str | None]] = []
     for module, name in ((logits_op, "dense"), (gather_op, "gather")):
-        original = module.resolve_precision
+        original = module.resolve_logits_backend
 
-        def spy(precision, backend, device, _original=original, _name=name):  # type: ignore[no-untyped-def]
+        def spy(backend, precision, device, _original=original, _name=name):  # type: ignore[no-untyped-def]
             asked.append((_name, precision))
-            return _original(precision, backend, device)
+            return _original(backend, precision, device)
 
-        monkeypatch.setattr(module, "resolve_precision", spy)
+        monkeypatch.setattr(module, "resolve_logits_backend", spy)
     config = _config(1, 2, precision="fp8")
     meta = _run_and_check(gen, config, [2, 2, 2, 0, 0], [700, 130, 1500, 0, 0], num_tokens=10)
     assert meta.decode_use_gather
