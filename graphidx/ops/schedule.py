@@ -36,6 +36,16 @@ def _check_split(split_keys: int, target_items: int) -> None:
     check_int("target_items", target_items, minimum=0)
 
 
+def _check_capacity(schedule: torch.Tensor, groups: int) -> None:
+    """ValueError unless `schedule` holds at least one item per row group."""
+    capacity = schedule_capacity(schedule)
+    if capacity < groups:
+        raise ValueError(
+            f"schedule holds {capacity} items, fewer than the {groups} row groups; "
+            "size it with allocate_schedule(max_seqs, max_width, device)"
+        )
+
+
 TARGET_ITEMS_PER_SM = 4
 """Items per multiprocessor a GPU build aims at: one per persistent program of the scheduled
 logits grid (`LogitsConfig.programs_per_sm`)."""
@@ -172,12 +182,7 @@ def build_decode_schedule(
     rows = row_lens.shape[0]
     if rows % next_n:
         raise ValueError(f"next_n={next_n} does not divide the {rows} rows of row_lens")
-    capacity = schedule_capacity(schedule)
-    if capacity < rows // next_n:
-        raise ValueError(
-            f"schedule holds {capacity} items, fewer than the {rows // next_n} row groups; "
-            "size it with allocate_schedule(max_seqs, max_width, device)"
-        )
+    _check_capacity(schedule, rows // next_n)
     resolved = resolve_backend(backend, device)
     _build_decode_schedule(row_lens, schedule, next_n, split_keys, target_items, resolved)
 
@@ -280,11 +285,7 @@ def derive_uniform_decode(
     if schedule is not None:
         check_int32("schedule", schedule, (None,), device)
         _check_split(split_keys, target_items)
-        if schedule_capacity(schedule) < rows // group_rows:
-            raise ValueError(
-                f"schedule holds {schedule_capacity(schedule)} items, fewer than the "
-                f"{rows // group_rows} row groups"
-            )
+        _check_capacity(schedule, rows // group_rows)
     resolved = resolve_backend(backend, device)
     if resolved == "aiter":
         resolved = "triton" if device.type == "cuda" else "reference"
