@@ -149,7 +149,7 @@ def _fill_unwritten_rows(
 
 
 Placement = tuple[slice, dict[str, object]]
-"""The query rows of one dense launch and its grouping keyword arguments."""
+"""The query rows of one logits launch and its grouping keyword arguments."""
 
 
 def _decode_placement(metadata: IndexerMetadata) -> Placement:
@@ -193,6 +193,37 @@ def _dense_logits(
         out=logits,
         block_scores=block_scores,
         candidate_block_size=config.candidate_block_size if block_scores is not None else 0,
+        page_entries=config.page_entries,
+        precision=config.precision,
+        backend=backend,
+        **where,  # type: ignore[arg-type]
+    )
+
+
+def _compact_logits(
+    placement: Placement,
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    weights: torch.Tensor,
+    kv_cache: torch.Tensor,
+    positions: torch.Tensor,
+    live: torch.Tensor,
+    compact: torch.Tensor,
+    config: IndexerConfig,
+    backend: str | None,
+) -> None:
+    """One gather launch of a consumer: its rows' compact logits over their pools
+    (`positions`, `live` columns) into `compact`, at the config's precision."""
+    rows, where = placement
+    gather_mqa_logits(
+        q[rows],
+        q_scale[rows],
+        kv_cache,
+        weights[rows],
+        positions=positions,
+        live_cols=live,
+        out=compact,
+        candidate_block_size=config.candidate_block_size,
         page_entries=config.page_entries,
         precision=config.precision,
         backend=backend,
@@ -310,8 +341,7 @@ def _unpin(
     block (`unpin_foreign_newest_block`), so the ranks' block scores are the single-rank
     ones."""
     global_ends = metadata.global_row_ends
-    if global_ends is None:
-        raise ValueError("metadata has no global_row_ends: not built by a context-parallel builder")
+    assert global_ends is not None  # `_check_context_parallel` refused metadata without them
     rows = logits.shape[0]
     unpin_foreign_newest_block(
         group.ctx, logits, block_scores, local_ends, global_ends[start : start + rows],
@@ -401,20 +431,9 @@ def candidate_consumer(
         _, positions, live = workspace.pool(0, rows)
         if metadata.decode_use_gather:
             compact, compact_topk = workspace.compact_views(rows)
-            gather_mqa_logits(
-                q[:rows],
-                q_scale[:rows],
-                kv_cache,
-                weights[:rows],
-                positions=positions,
-                live_cols=live,
-                out=compact,
-                candidate_block_size=size,
-                page_entries=config.page_entries,
-                precision=config.precision,
-                backend=backend,
-                **_decode_grouping(metadata),  # type: ignore[arg-type]
-            )
+            placement = slice(0, rows), _decode_grouping(metadata)
+            _compact_logits(placement, q, q_scale, weights, kv_cache, positions, live, compact,
+                            config, backend)  # fmt: skip
             _pool_topk(compact, compact_topk, positions, live, topk_indices[:rows], config,
                        group, backend)  # fmt: skip
         else:
@@ -442,22 +461,11 @@ def candidate_consumer(
         rows = end - start
         _, positions, live = workspace.pool(start, end)
         compact, compact_topk = workspace.compact_views(rows)
-        gather_mqa_logits(
-            q[start:end],
-            q_scale[start:end],
-            kv_cache,
-            weights[start:end],
-            launch.context_len,
-            launch.block_table,
-            positions,
-            live,
-            compact,
-            candidate_block_size=size,
-            next_n=rows,
-            page_entries=config.page_entries,
-            precision=config.precision,
-            backend=backend,
-        )
+        # One request's rows as one next_n sequence.
+        where = {"context_lens": launch.context_len, "block_table": launch.block_table,
+                 "next_n": rows}  # fmt: skip
+        _compact_logits((slice(start, end), where), q, q_scale, weights, kv_cache, positions,
+                        live, compact, config, backend)  # fmt: skip
         _pool_topk(compact, compact_topk, positions, live, topk_indices[start:end], config,
                    group, backend)  # fmt: skip
 
