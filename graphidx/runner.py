@@ -13,9 +13,14 @@ their stale bytes hold), then runs the layers, whose kernels read the request bl
 directly. So the host's replayed step is O(1) checks, the copies of inputs the caller did
 not write in place, one scalar write and one replay. Every other step (prefill, mixed,
 ragged, above the largest size) plans on the host with the builder and runs the same layer
-code eagerly, on the caller's tensors; except that under adaptive verification a uniform
-step above the largest size runs the captured step's code eagerly at its own size, since
-its host offsets may be a placeholder that only the device offsets correct.
+code eagerly, on the caller's tensors, its block table first copied into the persistent one
+(one layout for every eager step: one compiled kernel variant); except that under adaptive
+verification a uniform step above the largest size runs the captured step's code eagerly at
+its own size, since its host offsets may be a placeholder that only the device offsets
+correct.
+
+Start-up: `warmup()` compiles every kernel variant of the eager steps (graphidx.warmup),
+`capture()` those of the captured ones.
 
 Context parallel (docs/contract.md section 10): a runner per rank, given its
 `ContextParallelGroup`, its rank-local caches and the rank's batches, replays the same
@@ -34,6 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -53,6 +59,9 @@ from graphidx.metadata import IndexerMetadata
 from graphidx.mxfp4.layout import cache_layout
 from graphidx.ops.backend import resolve_backend
 from graphidx.workspace import IndexerWorkspace
+
+if TYPE_CHECKING:
+    from graphidx.warmup import WarmupReport, WarmupStep
 
 logger = logging.getLogger("graphidx.runner")
 
@@ -319,6 +328,54 @@ class IndexerGraphRunner:
         return self.buffers.total_bytes()
 
     # ------------------------------------------------------------------ capture
+    def warmup(
+        self,
+        *,
+        workers: int | None = None,
+        steps: Sequence[WarmupStep] | None = None,
+        on_progress: Callable[[str, int, int], None] | None = None,
+    ) -> WarmupReport:
+        """Compile, at start-up, every kernel variant the eager steps will launch, so that
+        no prefill or mixed step compiles (graphidx.warmup says how the steps are found).
+
+        Call it once before `capture()` (capture compiles the uniform decode sizes itself);
+        it runs no step of the caller's. It runs throwaway steps eagerly: planned ones (a
+        dry run of every candidate, launches intercepted, keeps the cheapest steps that
+        launch every kernel variant), or `steps` as given. They read the KV caches (page 0
+        only) and write only throwaway inputs, outputs and block table, the workspace and
+        the builder's metadata buffers (which every step rewrites); the persistent step
+        inputs, the top-k output, the counters and the graph cache are left as they are,
+        except that with a pool the capture sizes are dry-run too, which loads capture's
+        dummy batch into the persistent lengths, block table and live count, as
+        `capture()` does. Nothing is planned when the kernels compile nothing (ops backend
+        other than Triton): then, unless `steps` are given, it returns at once.
+
+        `workers`: on a GPU, the processes that compile (None: `graphidx.warmup.
+        default_workers()`, min(8, CPU count)); more than 1 spawns a pool that compiles the
+        plan's kernels and the capture sizes' into Triton's on-disk cache, which this
+        process then finds; elsewhere, and with 1, everything compiles in this process.
+        `on_progress(phase, done, total)` reports each phase ("plan", "compile", "run").
+        Returns a `graphidx.warmup.WarmupReport`. ValueError under context parallel (the
+        ranks would have to agree on the plan) and for a bad `workers`. Not thread-safe:
+        the dry run swaps the kernels' launcher while it runs.
+        """
+        from graphidx.warmup import run_warmup
+
+        return run_warmup(self, workers=workers, steps=steps, on_progress=on_progress)
+
+    def _run_warmup_step(
+        self, batch: StepBatch, inputs: Sequence[LayerInput], out: torch.Tensor
+    ) -> None:
+        """A warm-up step: `batch` planned by the builder and every layer run eagerly on
+        `inputs`, into `out` (shaped like `topk_buffer`); never counted."""
+        self._run_layers(self.builder.build(batch), inputs, out)
+
+    def _run_uniform_eagerly(self, shape: StepShape) -> None:
+        """The captured step of `shape`, run eagerly on capture's dummy batch, with the
+        plain layers (what a pool worker compiles for the capture)."""
+        self._load_dummy_decode(shape)
+        self._uniform_step(shape, compiled=False)()
+
     def capture(
         self,
         sizes: CaptureSizes | None = None,
@@ -329,6 +386,8 @@ class IndexerGraphRunner:
 
         Each graph derives the step's metadata on the device and runs every indexer layer of
         the stack; later steps of the same padded shape replay it with their own data.
+        Capturing compiles the decode kernels; `warmup()` before it compiles the eager
+        steps' (and, with a pool, these too).
         """
         sizes = sizes or self.capture_sizes
         shapes = sorted((s for s in sizes.shapes() if s not in self.graphs), reverse=True)
@@ -338,8 +397,14 @@ class IndexerGraphRunner:
                 on_progress(i, len(shapes), shape)
 
     def _capture_fn(self, shape: StepShape) -> Callable[[], None]:
-        """Load a dummy uniform batch of `shape` (every request `next_n` tokens on page 0:
-        any cache of one page can capture) and return the callable the backend captures."""
+        """Load a dummy uniform batch of `shape` and return the callable the backend
+        captures."""
+        self._load_dummy_decode(shape)
+        return self._uniform_step(shape)
+
+    def _load_dummy_decode(self, shape: StepShape) -> None:
+        """A dummy uniform batch of `shape` in the persistent step inputs: every request
+        `next_n` tokens on page 0 (any cache of one page can capture)."""
         reqs = shape.num_reqs
         b = self.buffers
         b["seq_lens"][:reqs].fill_(self.config.next_n)
@@ -350,7 +415,6 @@ class IndexerGraphRunner:
             b["query_start_loc"][: reqs + 1].copy_(
                 torch.arange(0, (reqs + 1) * next_n, next_n, dtype=torch.int32)
             )
-        return self._uniform_step(shape)
 
     def _uniform_step(self, shape: StepShape, *, compiled: bool = True) -> Callable[[], None]:
         """The uniform decode step of `shape`: derive its metadata, then every layer
@@ -443,7 +507,7 @@ class IndexerGraphRunner:
         else:
             if pad:
                 self.graphs.record_eager(None, reason or "?")
-            metadata = self.builder.build(batch.without_padding())
+            metadata = self.builder.build(self._on_persistent_table(batch.without_padding()))
             self._run_layers(metadata, layer_inputs)
         if synchronize and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -566,6 +630,28 @@ class IndexerGraphRunner:
             _copy_rows(b[f"q_scale.{i}"], inp.q_scale, num_real)
             _copy_rows(b[f"weights.{i}"], inp.weights, num_real)
 
+    def _on_persistent_table(self, batch: StepBatch) -> StepBatch:
+        """`batch` with its block table copied into the persistent one (rows [0, num_reqs),
+        the batch's columns; later columns keep stale page ids, which no kernel reads: a
+        request reads only the pages of its context). So every eager step's kernels see one
+        table layout, `[max_num_seqs, max_blocks_per_seq]` rows, and compile one variant
+        whatever the width, stride or alignment of the caller's table."""
+        table = self.buffers["block_table"]
+        reqs = batch.num_reqs
+        _copy_rows(table, batch.block_table, reqs)
+        return StepBatch(
+            batch.query_start_loc_cpu,
+            batch.seq_lens_upper_bound,
+            batch.query_start_loc,
+            batch.seq_lens,
+            table[:reqs],
+            config=batch.config,
+            num_tokens=batch.num_tokens,
+            num_pages=batch.num_pages,
+            num_real_reqs=batch.num_real_reqs,
+            validate=False,
+        )
+
     def _write_live_count(self, live: int) -> None:
         """Write the live-request count the graphs read, unless the device holds it already
         (only the runner writes that buffer)."""
@@ -574,11 +660,16 @@ class IndexerGraphRunner:
             self._live_written = live
 
     def _run_layers(
-        self, metadata: IndexerMetadata, layer_inputs: Sequence[LayerInput] | None = None
+        self,
+        metadata: IndexerMetadata,
+        layer_inputs: Sequence[LayerInput] | None = None,
+        out: torch.Tensor | None = None,
     ) -> None:
         """Every indexer layer of the stack, in order: on the persistent inputs, or on
-        `layer_inputs` (an eager step's own tensors)."""
+        `layer_inputs` (an eager step's own tensors); into the persistent top-k output, or
+        `out` (shaped like it)."""
         b, cfg, tokens = self.buffers, self.config, metadata.num_tokens
+        topk = b["topk"] if out is None else out
         first_consumer = True
         for i, kind in enumerate(self.stack.kinds):
             if layer_inputs is None:
@@ -592,7 +683,7 @@ class IndexerGraphRunner:
                 q_scale[:tokens],
                 weights[:tokens],
                 self.kv_caches[i],
-                b["topk"][i, :tokens],
+                topk[i, :tokens],
                 self.workspace,
             )
             if kind == CONSUMER:

@@ -13,16 +13,19 @@ processes, each a rank running the same simulation over its share of the caches
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TextIO
 
 import numpy as np
 import torch
 
 from graphidx.batch import StepBatch
+from graphidx.cli.capture import ProgressBar
 from graphidx.cli.options import resolve_device
 from graphidx.config import IndexerConfig, cdiv
 from graphidx.distributed import ContextParallel, ContextParallelGroup
@@ -367,15 +370,20 @@ def run_demo(
     print_fn: Callable[[str], None] = print,
     dcp: int = 1,
     num_requests: int | None = None,
+    warmup_workers: int | None = None,
 ) -> bool:
     """Run the simulation, print the per-step table and a summary; True when every replayed
-    step matched its eager run. `dcp` W > 1: `run_demo_dcp` (CPU only); `num_requests`:
-    `DemoSettings.for_device`."""
+    step matched its eager run. Before the steps: the runner's warm-up (`warmup_workers`:
+    its compile pool on a GPU, None for the default; progress bars on stderr), then the
+    capture, each timed. `dcp` W > 1: `run_demo_dcp` (CPU only, no warm-up);
+    `num_requests`: `DemoSettings.for_device`."""
     settings = DemoSettings.for_device(device, seed=seed, num_requests=num_requests)
     if dcp > 1:
         return run_demo_dcp(settings, dcp, print_fn=print_fn)
     print_fn(_title(settings))
     sim = ServingSimulation(settings)
+    report = sim.runner.warmup(workers=warmup_workers, on_progress=PhaseBars(sys.stderr))
+    print_fn(report.summary())
     start = time.perf_counter()
     sim.runner.capture(
         on_progress=lambda i, n, shape: (
@@ -387,6 +395,22 @@ def run_demo(
     print_fn(HEADER)
     rows = sim.run(lambda row: print_fn(format_row(row)))
     return print_summary(settings, rows, print_fn)
+
+
+class PhaseBars:
+    """A warm-up's `on_progress`: one `ProgressBar` per phase on `stream`, redrawn about
+    50 times per phase."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.phase: str | None = None
+        self.bar: ProgressBar | None = None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if phase != self.phase or self.bar is None:
+            self.phase, self.bar = phase, ProgressBar(self.stream)
+        if done >= total or done % max(1, total // 50) == 0:
+            self.bar.update(done, total, f"warm-up {phase}")
 
 
 def _title(settings: DemoSettings) -> str:
