@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from dcp_shapes import dcp_config
 
 from capture import GraphCache, StepShape
 from graphidx.batch import StepBatch
@@ -70,7 +69,21 @@ class Setup:
     max_context: int
 
     def config(self, world_size: int = 1, rank: int = 0) -> IndexerConfig:
-        return dcp_config(self.next_n, self.ratio, self.interleave, world_size, rank)
+        return IndexerConfig(
+            num_heads=4,
+            head_dim=64,
+            compress_ratio=self.ratio,
+            block_size=64 * self.ratio,
+            max_model_len=2048 * self.ratio,
+            num_speculative_tokens=self.next_n - 1,
+            topk_tokens=32,
+            max_logits_bytes=48 * 1024,  # prefill chunks get cut
+            max_num_seqs=8,
+            max_num_batched_tokens=128,
+            dcp_world_size=world_size,
+            dcp_rank=rank,
+            dcp_interleave=self.interleave if world_size > 1 else 0,
+        )
 
     def generator(self) -> StepGenerator:
         return StepGenerator(

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from dcp_shapes import dcp_config
 
 from capture import CaptureSizes
 from graphidx.builder import CandidateIndexerMetadataBuilder
@@ -54,8 +53,24 @@ class Setup:
     seed: int
 
     def config(self, world_size: int = 1, rank: int = 0) -> IndexerConfig:
-        return dcp_config(
-            self.next_n, self.ratio, self.interleave, world_size, rank, self.candidate_block_size
+        c = self.candidate_block_size
+        return IndexerConfig(
+            num_heads=4,
+            head_dim=64,
+            compress_ratio=self.ratio,
+            block_size=64 * self.ratio,
+            max_model_len=2048 * self.ratio,
+            num_speculative_tokens=self.next_n - 1,
+            topk_tokens=32,
+            candidate_block_size=c,
+            candidate_topk_blocks=8 if c else 0,
+            sparse_logits=bool(c),
+            max_logits_bytes=48 * 1024,  # prefill chunks get cut
+            max_num_seqs=8,
+            max_num_batched_tokens=128,
+            dcp_world_size=world_size,
+            dcp_rank=rank,
+            dcp_interleave=self.interleave if world_size > 1 else 0,
         )
 
     def cases(self) -> tuple[list[torch.Tensor], list[StepCase]]:
