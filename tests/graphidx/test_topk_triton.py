@@ -253,8 +253,12 @@ def test_default_config_choice() -> None:
     assert default_config(512, 4096, 65536).programs_per_row == 1  # many rows
     assert default_config(512, 64, 32768).programs_per_row == 2  # 128 programs
     assert default_config(512, 8, 20000).programs_per_row == 4  # width-limited
-    for width in (1, 4096, topk_kernels.WHOLE_ROW_COLUMNS):  # narrow rows: held whole
+    for width in (1, 4096, topk_kernels.WHOLE_ROW_COLUMNS):  # few narrow rows: held whole
         assert default_config(512, 8, width).whole_row, width
+    many = topk_kernels.WHOLE_ROW_MAX_ROWS + 1
+    assert default_config(512, 4096, topk_kernels.WHOLE_ROW_NARROW).whole_row
+    assert not default_config(512, many, topk_kernels.WHOLE_ROW_NARROW + 1).whole_row
+    assert default_config(topk_kernels.WHOLE_ROW_MIN_K, 4096, 16384).whole_row  # large k
     assert default_config(2048, 1, 8192).num_warps == 16  # 16 keys per thread
     assert default_config(2048, 1, 1024).num_warps == 4
     assert not default_config(512, 8, topk_kernels.WHOLE_ROW_COLUMNS + 1).whole_row

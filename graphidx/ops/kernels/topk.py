@@ -4,7 +4,7 @@ Values are compared through the order-preserving uint32 image of float32 (`_orde
 flip the sign bit of non-negatives, invert negatives), so ties and signed zeros follow one
 total order. Keys of -inf (and anything below) are never picked.
 
-Both paths rest on one bound: any k distinct columns' keys bound the row's k-th largest key
+The grouped paths rest on one bound: any k distinct columns' keys bound the row's k-th largest key
 from below, so the k-th largest of the rows' group maxima (groups of disjoint columns) is a
 *floor*: every top-k column has key >= floor. With about 4k groups, ~1.1-1.3k columns lie
 above it on continuous data. A lower bound is all it needs, so the search for it over the
@@ -61,7 +61,15 @@ k 2048 (graph replays of the kernel cut after each, clean L2): maxima stream 13.
 and list +6.0, collect +6.2, the select's gather +0.7, its search down to the rank bracket
 (~2 rounds) +2.3, ranking it and writing the picks +2.8.
 
-Which path runs: `default_config(k, rows, width)` doubles P from 1 while rows * P < 128,
+Whole rows (`_topk_whole_row_kernel`, one launch, one program per row of at most
+MAX_WHOLE_ROW_COLUMNS): the row is read once into registers (about WHOLE_ROW_KEYS keys per
+thread) and the same exact search runs over all its keys (no floor, no second read); the
+picks are written in column order, the last bracket ranked by `_emit_ranked` when it is
+small, else the first tied columns.
+
+Which path runs: `default_config(k, rows, width)` holds rows whole up to WHOLE_ROW_NARROW
+columns, and up to WHOLE_ROW_COLUMNS when k >= WHOLE_ROW_MIN_K or there are at most
+WHOLE_ROW_MAX_ROWS rows. Otherwise it doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
 rows narrower than 8192 columns, P > 1 for fewer, wider rows (8 x 65536 -> P = 16, one row of
 1M columns -> P = 128). Scratch is allocated per call, in row batches of at most
@@ -159,6 +167,17 @@ MAX_STEP_COLUMNS = 32768
 """Columns one step of the one-program path may hold: its counts are packed in 16 bits."""
 WHOLE_ROW_COLUMNS = 16384
 """Widest row `default_config` holds whole in registers (one program per row, one read)."""
+WHOLE_ROW_NARROW = 2048
+"""Rows up to this width are always held whole (H200, graph replays: 0.52-0.58x the grouped
+path's time at k 512 and 2048)."""
+WHOLE_ROW_MIN_K = 1024
+"""From this k on, rows up to WHOLE_ROW_COLUMNS are held whole at any row count (k 2048 at
+8256 and 16384 columns: 0.80-0.93x the grouped path's time)."""
+WHOLE_ROW_MAX_ROWS = 32
+"""Below WHOLE_ROW_MIN_K, wider rows are held whole only up to this many rows: at k 512 and
+8256-16384 columns the whole-row path is 0.83-1.1x the grouped one at 2-32 rows, 1.3x at
+128 rows and 2.4-2.7x at 512 (one program per row walks its whole row; the grouped path
+reads ~k groups again)."""
 MAX_WHOLE_ROW_COLUMNS = 32768
 """Widest row the whole-row path can hold (its prefix sums pack counts in 16 bits)."""
 WHOLE_ROW_KEYS = 16
@@ -200,10 +219,13 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
     P doubles from 1 while k <= SPLIT_MAX_K, rows * P < TARGET_PROGRAMS, width >= 2P *
     MIN_SLICE_COLUMNS and P < MAX_PROGRAMS_PER_ROW; the sizes are then `split_config(k, P)`,
     with WIDE_ROW_WARPS warps, WIDE_ROW_CHUNK columns per step and at least WIDE_ROW_GROUPS
-    groups at P = 1 from WIDE_ROW_COLUMNS on. Rows of at most WHOLE_ROW_COLUMNS columns are
-    held whole in registers (`whole_row_config`).
+    groups at P = 1 from WIDE_ROW_COLUMNS on. Rows are held whole in registers
+    (`whole_row_config`) up to WHOLE_ROW_NARROW columns, and up to WHOLE_ROW_COLUMNS when
+    k >= WHOLE_ROW_MIN_K or rows <= WHOLE_ROW_MAX_ROWS.
     """
-    if width <= WHOLE_ROW_COLUMNS:
+    if width <= WHOLE_ROW_NARROW or (
+        width <= WHOLE_ROW_COLUMNS and (k >= WHOLE_ROW_MIN_K or rows <= WHOLE_ROW_MAX_ROWS)
+    ):
         return whole_row_config(width)
     split = 1
     while (
