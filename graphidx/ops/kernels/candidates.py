@@ -28,11 +28,11 @@ from graphidx.ops.kernels.launch import launch
 INT32_MAX = 2**31 - 1
 _INT32_MAX_TL = tl.constexpr(INT32_MAX)
 MASK_BLOCK = 1024
-POOL_MARKS = 2
+POOL_MARKS = 4
 """A row whose ids span at most POOL_MARKS x the (power-of-two) pool size resolves by marking
 its ids in a byte per block id and compacting the marks; a wider one sorts its ids (H200,
-a 2048-id pool: marks 8.9 / 11.3 us against the sort's 20.8 / 20.5 for ids below 2048 /
-4096, but 24.7 against 20.7 for ids below 16384)."""
+a 2048-id pool, 2 / 64 / 1024 rows: marks at 0.41-0.48x the sort's time for ids below 2048,
+0.58-0.65x below 4096, 0.81 / 0.92 / 1.06x below 8192, 1.24-1.87x below 16384)."""
 POOL_TILE = 2048
 """Block ids compacted per prefix sum."""
 POOL_PROGRAMS = 1024

@@ -167,17 +167,17 @@ MAX_STEP_COLUMNS = 32768
 """Columns one step of the one-program path may hold: its counts are packed in 16 bits."""
 WHOLE_ROW_COLUMNS = 16384
 """Widest row `default_config` holds whole in registers (one program per row, one read)."""
-WHOLE_ROW_NARROW = 2048
-"""Rows up to this width are always held whole (H200, graph replays: 0.52-0.58x the grouped
-path's time at k 512 and 2048)."""
+WHOLE_ROW_NARROW = 4096
+"""Rows up to this width are always held whole (H200, graph replays of 2-512 rows: 0.34-0.59x
+the grouped path's time at 2048 columns, 0.49-0.78x at 4096, k 512 and 2048)."""
 WHOLE_ROW_MIN_K = 1024
 """From this k on, rows up to WHOLE_ROW_COLUMNS are held whole at any row count (k 2048 at
-8256 and 16384 columns: 0.80-0.93x the grouped path's time)."""
-WHOLE_ROW_MAX_ROWS = 32
+8256 and 16384 columns, 2-512 rows: 0.81-0.91x the grouped path's time)."""
+WHOLE_ROW_MAX_ROWS = 64
 """Below WHOLE_ROW_MIN_K, wider rows are held whole only up to this many rows: at k 512 and
-8256-16384 columns the whole-row path is 0.83-1.1x the grouped one at 2-32 rows, 1.3x at
-128 rows and 2.4-2.7x at 512 (one program per row walks its whole row; the grouped path
-reads ~k groups again)."""
+8256-16384 columns the whole-row path is 0.99-1.08x the grouped one at 2-8 rows, 0.81-0.86x
+at 32-64, 1.33-1.37x at 128 and 2.3-2.7x at 512 (one program per row searches its whole row;
+the grouped path reads only ~k groups again)."""
 MAX_WHOLE_ROW_COLUMNS = 32768
 """Widest row the whole-row path can hold (its prefix sums pack counts in 16 bits)."""
 WHOLE_ROW_KEYS = 16
