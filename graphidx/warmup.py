@@ -429,6 +429,18 @@ def assign_keys(
     return [(list(items), owned) for items, owned in shares if owned]
 
 
+def _load(compiled: Any) -> None:
+    """Load a compiled kernel in this worker, so that Triton also builds its launcher now.
+
+    Triton 3.6 compiles a C launcher per kernel signature (a C compiler run of about a second,
+    kept in the on-disk cache) only when a kernel is first loaded, which `warmup` does not
+    do; left to the first launch, those builds would run one after another in the serving
+    process."""
+    init = getattr(compiled, "_init_handles", None)
+    if init is not None:
+        init()
+
+
 def _pool_worker(index: int, job: PoolJob, queue: Any) -> None:
     """Worker `index`: build the runner, run its items with launches intercepted, compile
     (never launch) the keys it owns; one queue message per key compiled."""
@@ -443,7 +455,7 @@ def _pool_worker(index: int, job: PoolJob, queue: Any) -> None:
     ) -> None:
         key = launch_key(kernel, args, kwargs)
         if key in owned and key not in done:
-            kernel.warmup(*args, grid=grid, **kwargs)
+            _load(kernel.warmup(*args, grid=grid, **kwargs))
             done.add(key)
             queue.put(1)
 
