@@ -446,6 +446,9 @@ def _pool_worker(index: int, job: PoolJob, queue: Any) -> None:
     (never launch) the keys it owns; one queue message per key compiled."""
     if job.device.type == "cuda":
         torch.cuda.set_device(job.device)
+    from graphidx.ops.kernels.launch import settle_hashes
+
+    settle_hashes()  # the serving process hashes the kernels in this same order
     runner = job.runner()
     scratch = WarmupScratch.for_runner(runner)
     owned, done = job.owned[index], set()

@@ -126,3 +126,42 @@ def test_direct_launches_capture_and_replay() -> None:
     torch.cuda.synchronize()
     assert torch.equal(dst[:1000], src[:1000] * 3)
     assert bool((dst[1000:] == 0).all())
+
+
+_HASHES_IN_ORDER = """
+import hashlib, importlib, pkgutil, random, sys
+from triton.runtime.jit import JITFunction
+import graphidx.ops.kernels as package
+from graphidx.ops.kernels.launch import settle_hashes
+functions = []
+for info in pkgutil.iter_modules(package.__path__):
+    module = importlib.import_module(f"{package.__name__}.{info.name}")
+    functions += [v for v in vars(module).values() if isinstance(v, JITFunction)]
+settle_hashes()
+random.Random(int(sys.argv[1])).shuffle(functions)
+keys = sorted(f.fn.__qualname__ + f.cache_key for f in functions)
+print(hashlib.sha256("".join(keys).encode()).hexdigest())
+"""
+
+
+def test_kernel_hashes_do_not_depend_on_the_order_they_are_asked_for() -> None:
+    """Processes that reach the kernels in different orders (a warm-up worker, the serving
+    process) compute the same source hashes once `settle_hashes` ran, so they share Triton's
+    on-disk cache (Triton 3.6 without it: a helper's globals join a caller's hash only when
+    the helper was hashed first)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", _HASHES_IN_ORDER, str(seed)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in (1, 2, 3)
+    }
+    assert len(digests) == 1, digests

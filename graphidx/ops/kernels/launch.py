@@ -22,10 +22,19 @@ options among `num_warps`, `num_stages`, `num_ctas`, `maxnreg`; any other call (
 passed positionally or left to its default, another Triton option) always takes Triton's
 path. Triton knobs read at compile time (`debug`, instrumentation) are not part of the key:
 changing them after a kernel's first launch keeps the variant compiled before.
+
+Triton's on-disk cache is shared by every process only if each computes the same source hash
+for a kernel, and Triton's hash depends on the order of computing them: a helper's constexpr
+globals join a caller's hash only when the helper was hashed first. `settle_hashes()` hashes
+every JIT function of `graphidx.ops.kernels` once, in one fixed order (by module, then name);
+`launch` calls it before its first launch in a process, and a warm-up worker before it
+compiles, so a serving process finds what the workers compiled.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
 import torch
@@ -112,9 +121,29 @@ def _hooked(hook: Any) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+_SETTLED: list[bool] = []
+
+
+def settle_hashes() -> None:
+    """Compute the source hash of every JIT function in the modules of graphidx.ops.kernels,
+    sorted by module and name, once per process (module docstring); nothing under the
+    interpreter."""
+    if _SETTLED:
+        return
+    _SETTLED.append(True)
+    import graphidx.ops.kernels as package
+
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for _, value in sorted(vars(module).items()):
+            if isinstance(value, JITFunction) and value.fn.__module__ == module.__name__:
+                value.cache_key  # noqa: B018 - computed and kept by Triton
+
+
 def _kernel(kernel: Any) -> _Compiled:
     compiled = _KERNELS.get(kernel)
     if compiled is None:
+        settle_hashes()
         compiled = _KERNELS[kernel] = _Compiled(kernel)
     return compiled
 
@@ -155,4 +184,4 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
     )
 
 
-__all__ = ["launch", "specialization_key"]
+__all__ = ["launch", "settle_hashes", "specialization_key"]
