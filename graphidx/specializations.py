@@ -50,10 +50,18 @@ class _Signature:
     unspecialized: frozenset[str]
 
 
-@functools.cache
 def _signature(kernel: Any) -> _Signature:
     """Parameter names, constexpr names and `do_not_specialize` names of a JITFunction or
-    an InterpretedFunction."""
+    an InterpretedFunction (cached by kernel; a JITFunction's hash is its source hash, so
+    the kernels' source hashes are settled first: `launch.settle_hashes`)."""
+    from graphidx.ops.kernels.launch import settle_hashes
+
+    settle_hashes()
+    return _signature_of(kernel)
+
+
+@functools.cache
+def _signature_of(kernel: Any) -> _Signature:
     params = list(inspect.signature(kernel.fn).parameters.values())
     names = tuple(p.name for p in params)
     constexprs = frozenset(p.name for p in params if "constexpr" in str(p.annotation))

@@ -24,11 +24,12 @@ path. Triton knobs read at compile time (`debug`, instrumentation) are not part 
 changing them after a kernel's first launch keeps the variant compiled before.
 
 Triton's on-disk cache is shared by every process only if each computes the same source hash
-for a kernel, and Triton's hash depends on the order of computing them: a helper's constexpr
-globals join a caller's hash only when the helper was hashed first. `settle_hashes()` hashes
-every JIT function of `graphidx.ops.kernels` once, in one fixed order (by module, then name);
-`launch` calls it before its first launch in a process, and a warm-up worker before it
-compiles, so a serving process finds what the workers compiled.
+for a kernel, and Triton 3.6's hash depends on the order of computing them: a helper's
+constexpr globals join a caller's hash only when the helper was hashed first. Any use of a
+JITFunction as a dict key or in a set computes its hash. `settle_hashes()` hashes every JIT
+function of `graphidx.ops.kernels` once, in one fixed order (by module, then name); `launch`
+and `graphidx.specializations` call it before they first use a kernel as a key, and a warm-up
+worker before it compiles, so a serving process finds what the workers compiled.
 """
 
 from __future__ import annotations
@@ -141,9 +142,10 @@ def settle_hashes() -> None:
 
 
 def _kernel(kernel: Any) -> _Compiled:
+    if not _SETTLED:
+        settle_hashes()  # before the lookup: a JITFunction's hash is its source hash
     compiled = _KERNELS.get(kernel)
     if compiled is None:
-        settle_hashes()
         compiled = _KERNELS[kernel] = _Compiled(kernel)
     return compiled
 
