@@ -353,7 +353,9 @@ class IndexerGraphRunner:
         `workers`: on a GPU, the processes that compile (None: `graphidx.warmup.
         default_workers()`, min(8, CPU count)); more than 1 spawns a pool that compiles the
         plan's kernels and the capture sizes' into Triton's on-disk cache, which this
-        process then finds; elsewhere, and with 1, everything compiles in this process.
+        process then finds (spawned: a script calling this needs Python's
+        `if __name__ == "__main__":` guard); elsewhere, and with 1, everything compiles in
+        this process.
         `on_progress(phase, done, total)` reports each phase ("plan", "compile", "run").
         Returns a `graphidx.warmup.WarmupReport`. ValueError under context parallel (the
         ranks would have to agree on the plan) and for a bad `workers`. Not thread-safe:

@@ -32,7 +32,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from graphidx.cli.demo import demo_device, run_demo
 
     device = demo_device(args.device, args.dcp)
-    ok = run_demo(device, seed=args.seed, dcp=args.dcp, num_requests=args.requests)
+    workers = args.warmup_workers
+    if workers is not None and workers < 1:
+        raise ValueError(f"--warmup-workers must be >= 1, got {workers}")
+    ok = run_demo(
+        device, seed=args.seed, dcp=args.dcp, num_requests=args.requests, warmup_workers=workers
+    )
     return 0 if ok else 1
 
 
@@ -89,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="W",
         help="context parallel over W CPU ranks (gloo processes, tape backend): every rank's "
         "top-k of every step against the single-rank answer",
+    )
+    demo.add_argument(
+        "--warmup-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes compiling the warm-up's kernels on a GPU (default: min(8, CPUs); "
+        "1: all in this process)",
     )
     demo.set_defaults(func=cmd_demo)
 

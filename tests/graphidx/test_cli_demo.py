@@ -99,6 +99,7 @@ def test_a_rank_that_disagrees_fails_the_demo() -> None:
         (["--device", "cpu", "--dcp", "0"], "--dcp must be an int >= 1, got 0"),
         (["--device", "cpu", "--dcp", "-3"], "--dcp must be an int >= 1, got -3"),
         (["--device", "cpu", "--requests", "0"], "--requests must be >= 1, got 0"),
+        (["--device", "cpu", "--warmup-workers", "0"], "--warmup-workers must be >= 1, got 0"),
     ],
 )  # fmt: skip
 def test_bad_dcp_arguments_are_one_line_and_exit_2_before_any_work(
