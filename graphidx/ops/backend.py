@@ -137,9 +137,13 @@ def implementation(
 ) -> Callable[..., Any]:
     """The function that runs op `name` on a resolved `backend`: `reference` itself, `name`
     from `graphidx.ops.kernels.<kernels>` (Triton), or `name` from `graphidx.ops.aiter` —
-    the last two imported on first use, so a CPU-only process never loads Triton code."""
+    the last two imported on first use, so a CPU-only process never loads Triton code, and
+    looked up once per process (eager steps resolve an op per launch)."""
     if backend == "reference":
         return reference
+    found = _IMPLEMENTATIONS.get((backend, kernels, name))
+    if found is not None:
+        return found
     if backend == "triton":
         module = importlib.import_module(f"graphidx.ops.kernels.{kernels}")
     elif backend == "aiter":
@@ -147,7 +151,11 @@ def implementation(
     else:
         raise ValueError(f"unknown backend {backend!r}")
     fn: Callable[..., Any] = getattr(module, name)
+    _IMPLEMENTATIONS[(backend, kernels, name)] = fn
     return fn
+
+
+_IMPLEMENTATIONS: dict[tuple[str, str, str], Callable[..., Any]] = {}
 
 
 def run_op(op: Any, body: Callable[..., None], *args: Any) -> None:
