@@ -19,7 +19,7 @@ verification a uniform step above the largest size runs the captured step's code
 its own size, since its host offsets may be a placeholder that only the device offsets
 correct.
 
-Start-up: `warmup()` compiles every kernel variant of the eager steps (graphidx.warmup),
+Start-up: `graphidx.warmup.warmup(runner)` compiles every kernel variant of the eager steps,
 `capture()` those of the captured ones.
 
 Context parallel (docs/contract.md section 10): a runner per rank, given its
@@ -39,7 +39,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -59,9 +58,6 @@ from graphidx.metadata import IndexerMetadata
 from graphidx.mxfp4.layout import cache_layout
 from graphidx.ops.backend import resolve_backend
 from graphidx.workspace import IndexerWorkspace
-
-if TYPE_CHECKING:
-    from graphidx.warmup import WarmupReport, WarmupStep
 
 logger = logging.getLogger("graphidx.runner")
 
@@ -328,43 +324,6 @@ class IndexerGraphRunner:
         return self.buffers.total_bytes()
 
     # ------------------------------------------------------------------ capture
-    def warmup(
-        self,
-        *,
-        workers: int | None = None,
-        steps: Sequence[WarmupStep] | None = None,
-        on_progress: Callable[[str, int, int], None] | None = None,
-    ) -> WarmupReport:
-        """Compile, at start-up, every kernel variant the eager steps will launch, so that
-        no prefill or mixed step compiles (graphidx.warmup says how the steps are found).
-
-        Call it once before `capture()` (capture compiles the uniform decode sizes itself);
-        it runs no step of the caller's. It runs throwaway steps eagerly: planned ones (a
-        dry run of every candidate, launches intercepted, keeps the cheapest steps that
-        launch every kernel variant), or `steps` as given. They read the KV caches (page 0
-        only) and write only throwaway inputs, outputs and block table, the workspace and
-        the builder's metadata buffers (which every step rewrites); the persistent step
-        inputs, the top-k output, the counters and the graph cache are left as they are,
-        except that with a pool the capture sizes are dry-run too, which loads capture's
-        dummy batch into the persistent lengths, block table and live count, as
-        `capture()` does. Nothing is planned when the kernels compile nothing (ops backend
-        other than Triton): then, unless `steps` are given, it returns at once.
-
-        `workers`: on a GPU, the processes that compile (None: `graphidx.warmup.
-        default_workers()`, min(8, CPU count)); more than 1 spawns a pool that compiles the
-        plan's kernels and the capture sizes' into Triton's on-disk cache, which this
-        process then finds (spawned: a script calling this needs Python's
-        `if __name__ == "__main__":` guard); elsewhere, and with 1, everything compiles in
-        this process.
-        `on_progress(phase, done, total)` reports each phase ("plan", "compile", "run").
-        Returns a `graphidx.warmup.WarmupReport`. ValueError under context parallel (the
-        ranks would have to agree on the plan) and for a bad `workers`. Not thread-safe:
-        the dry run swaps the kernels' launcher while it runs.
-        """
-        from graphidx.warmup import run_warmup
-
-        return run_warmup(self, workers=workers, steps=steps, on_progress=on_progress)
-
     def _run_warmup_step(
         self, batch: StepBatch, inputs: Sequence[LayerInput], out: torch.Tensor
     ) -> None:
@@ -388,8 +347,8 @@ class IndexerGraphRunner:
 
         Each graph derives the step's metadata on the device and runs every indexer layer of
         the stack; later steps of the same padded shape replay it with their own data.
-        Capturing compiles the decode kernels; `warmup()` before it compiles the eager
-        steps' (and, with a pool, these too).
+        Capturing compiles the decode kernels; `graphidx.warmup.warmup(self)` before it
+        compiles the eager steps' (and, with a pool, these too).
         """
         sizes = sizes or self.capture_sizes
         shapes = sorted((s for s in sizes.shapes() if s not in self.graphs), reverse=True)

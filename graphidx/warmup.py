@@ -1,8 +1,8 @@
 """Start-up warm-up: compile every Triton kernel variant a runner's eager steps launch.
 
 Triton compiles a kernel once per new specialization key (`graphidx.specializations`): the
-first prefill and mixed steps of a fresh process would each stall for seconds. The runner's
-`warmup()` runs throwaway steps that launch every variant first. Its parts:
+first prefill and mixed steps of a fresh process would each stall for seconds. `warmup(runner)`
+runs throwaway steps that launch every variant first. Its parts:
 
 Which steps (`candidate_steps`). A launch's key follows from the shapes of the step's
 launches: per prefill chunk its rows and logits width (and from them the block-score width
@@ -565,14 +565,38 @@ def pool_workers(runner: IndexerGraphRunner, workers: int | None) -> int:
     return default_workers() if workers is None else workers
 
 
-def run_warmup(
+def warmup(
     runner: IndexerGraphRunner,
     *,
     workers: int | None = None,
     steps: Sequence[WarmupStep] | None = None,
     on_progress: Progress | None = None,
 ) -> WarmupReport:
-    """`IndexerGraphRunner.warmup` (its docstring is the contract)."""
+    """Compile, at start-up, every kernel variant `runner`'s eager steps will launch, so
+    that no prefill or mixed step compiles (the module docstring says how the steps are
+    found).
+
+    Call it once before `runner.capture()` (capture compiles the uniform decode sizes itself);
+    it runs no step of the caller's. It runs throwaway steps eagerly: planned ones (a
+    dry run of every candidate, launches intercepted, keeps the cheapest steps that
+    launch every kernel variant), or `steps` as given. They read the KV caches (page 0
+    only) and write only throwaway inputs, outputs and block table, the workspace and
+    the builder's metadata buffers (which every step rewrites); the persistent step
+    inputs, the top-k output, the counters and the graph cache are left as they are,
+    except that with a pool the capture sizes are dry-run too, which loads capture's
+    dummy batch into the persistent lengths, block table and live count, as
+    `capture()` does. Nothing is planned when the kernels compile nothing (ops backend
+    other than Triton): then, unless `steps` are given, it returns at once.
+
+    `workers`: on a GPU, the processes that compile (None: `default_workers()`, min(8, CPU
+    count)); more than 1 spawns a pool that compiles the plan's kernels and the capture
+    sizes' into Triton's on-disk cache, which this process then finds (spawned: a script
+    calling this needs Python's `if __name__ == "__main__":` guard); elsewhere, and with 1,
+    everything compiles in this process. `on_progress(phase, done, total)` reports each
+    phase ("plan", "compile", "run"). Returns a `WarmupReport`. ValueError under context
+    parallel (the ranks would have to agree on the plan) and for a bad `workers`. Not
+    thread-safe: the dry run swaps the kernels' launcher while it runs.
+    """
     if runner.dcp is not None:
         raise ValueError(
             "warm-up under context parallel is not supported: every rank would have to run "

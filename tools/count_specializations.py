@@ -12,8 +12,8 @@ only the type for the arguments a kernel lists in `do_not_specialize`). It print
 how many new keys that step introduced, and per kernel the number of distinct keys: a proxy
 for the compile time the first steps of `graphidx demo` spend on the H200.
 
-`--warmup` first runs what `graphidx demo` runs before its steps: `runner.warmup()` (in
-this process) and `runner.capture()` (tape graphs), and prints the keys each introduced;
+`--warmup` first runs what `graphidx demo` runs before its steps: `graphidx.warmup.warmup`
+(in this process) and `runner.capture()` (tape graphs), and prints the keys each introduced;
 every step after them should then introduce none. Without it the steps run uncaptured,
 every uniform decode step eagerly. The interpreter sees the interpreter's configs (e.g.
 16-key tiles), not the GPU's, so a GPU's counts differ somewhat.
@@ -38,6 +38,7 @@ from graphidx.config import IndexerConfig
 from graphidx.mxfp4 import cache_layout
 from graphidx.runner import IndexerStack
 from graphidx.specializations import KeyLog, recording_interpreter
+from graphidx.warmup import warmup
 
 
 def _zero_cache(config: IndexerConfig, num_pages: int, device: object, gen: object) -> torch.Tensor:
@@ -77,7 +78,7 @@ def gpu_demo_simulation() -> demo.ServingSimulation:
 
 
 def _warm_up(sim: demo.ServingSimulation, log: KeyLog) -> None:
-    report = sim.runner.warmup(workers=1)
+    report = warmup(sim.runner, workers=1)
     print(f"warm-up: {len(log):>3} kernel variants; {report.summary()}", flush=True)
     before, start = len(log), time.perf_counter()
     sim.runner.capture()

@@ -40,6 +40,7 @@ from graphidx.testing import (
     selection_order,
     shard_case,
 )
+from graphidx.warmup import warmup
 
 
 @dataclass
@@ -382,7 +383,7 @@ def run_demo(
         return run_demo_dcp(settings, dcp, print_fn=print_fn)
     print_fn(_title(settings))
     sim = ServingSimulation(settings)
-    report = sim.runner.warmup(workers=warmup_workers, on_progress=PhaseBars(sys.stderr))
+    report = warmup(sim.runner, workers=warmup_workers, on_progress=PhaseBars(sys.stderr))
     print_fn(report.summary())
     start = time.perf_counter()
     sim.runner.capture(

@@ -34,6 +34,7 @@ from graphidx.warmup import (
     compile_in_pool,
     plan_warmup,
     pool_workers,
+    warmup,
 )
 
 pytest.importorskip("triton")
@@ -96,7 +97,7 @@ def test_after_warmup_and_capture_the_demo_launches_no_new_kernel_variant() -> N
     capture alone leaves the prefill steps their own variants to compile)."""
     sim = _demo_simulation(num_requests=8)
     reports = []
-    warm = _recorded(lambda: reports.append(sim.runner.warmup(workers=4)))
+    warm = _recorded(lambda: reports.append(warmup(sim.runner, workers=4)))
     captured = _recorded(sim.runner.capture)
 
     def serve() -> None:
@@ -147,7 +148,7 @@ def test_random_steps_after_warmup_launch_no_new_kernel_variant(
         max_context=config.max_model_len,
         capture_sizes=sizes, capture=False, ops_backend="triton",
     )  # fmt: skip
-    warm = _recorded(lambda: runner.warmup())
+    warm = _recorded(lambda: warmup(runner))
     captured = _recorded(runner.capture)
     kinds = [kind for kind in KINDS if kind != "adaptive"]
     cases = list(gen.cases(30, kinds))
@@ -210,7 +211,7 @@ def test_warmup_leaves_answers_inputs_caches_and_counters_unchanged() -> None:
     before = {name: warmed.buffers[name].clone() for name in warmed.buffers.names()}
     caches = [c.clone() for c in warmed.kv_caches]
     steps = candidate_steps(TWO_LEVEL, gather_width=warmed.builder.min_gather_width)[::40]
-    report = warmed.warmup(steps=steps)
+    report = warmup(warmed, steps=steps)
     assert report.steps == len(steps) > 5
     kept = [n for n in before if not n.startswith(("workspace.", "builder."))]
     assert "topk" in kept and "q.0" in kept and "seq_lens" in kept and "num_live_reqs" in kept
@@ -255,8 +256,8 @@ def test_workers_are_checked_and_the_cpu_compiles_in_process() -> None:
     assert pool_workers(runner, 8) == 1 and pool_workers(runner, None) == 1
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="workers must be"):
-            runner.warmup(workers=bad)  # type: ignore[arg-type]
-    report = runner.warmup()  # the reference kernels: nothing to compile, nothing run
+            warmup(runner, workers=bad)  # type: ignore[arg-type]
+    report = warmup(runner)  # the reference kernels: nothing to compile, nothing run
     assert report.skipped is not None and report.steps == 0
     assert "skipped" in report.summary()
 
