@@ -21,6 +21,7 @@ from graphidx.specializations import (
     Key,
     KeyLog,
     intercepted_launches,
+    launch_key,
     recorder,
     recording_interpreter,
 )
@@ -168,6 +169,35 @@ def test_random_steps_after_warmup_launch_no_new_kernel_variant(
     served = _recorded(serve)
     assert len(warm) > 0
     assert _unexpected(served, warm, captured) == []
+
+
+@needs_interpreter
+def test_each_planned_step_launches_for_real_the_keys_its_dry_run_recorded() -> None:
+    """The pool compiles the keys of the plan's dry runs; the serving process then runs the
+    same steps for real. Executed (interpreted), every step launches exactly the keys its dry
+    run recorded: no launch shape depends on a device value that a dry run leaves unwritten."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    sim = _demo_simulation(num_requests=4)
+    runner = sim.runner
+    scratch = WarmupScratch.for_runner(runner)
+    plan = plan_warmup(runner, scratch)
+    assert len(plan.steps) > 3
+    launched: list[Key] = []
+    original = InterpretedFunction.run
+
+    def run(self: object, *args: object, grid: object, warmup: bool, **kwargs: object) -> object:
+        launched.append(launch_key(self, args, kwargs))
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = run  # type: ignore[method-assign]
+    try:
+        for step in plan.steps[:6]:
+            launched.clear()
+            scratch.run(runner, step)
+            assert launched and set(launched) == plan.keys[step], step
+    finally:
+        InterpretedFunction.run = original  # type: ignore[method-assign]
 
 
 @needs_interpreter
