@@ -22,7 +22,6 @@ Neither is thread-safe: each swaps module attributes for the duration of its `wi
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import pkgutil
@@ -52,15 +51,18 @@ class _Signature:
 
 def _signature(kernel: Any) -> _Signature:
     """Parameter names, constexpr names and `do_not_specialize` names of a JITFunction or
-    an InterpretedFunction (cached by kernel; a JITFunction's hash is its source hash, so
-    the kernels' source hashes are settled first: `launch.settle_hashes`)."""
-    from graphidx.ops.kernels.launch import settle_hashes
+    an InterpretedFunction, cached by the kernel's identity (hashing a JITFunction computes
+    its source hash, whose order `launch.settle_hashes` fixes before the first launch)."""
+    found = _SIGNATURES.get(id(kernel))
+    if found is None:
+        found = _SIGNATURES[id(kernel)] = _signature_of(kernel)
+    return found
 
-    settle_hashes()
-    return _signature_of(kernel)
+
+_SIGNATURES: dict[int, _Signature] = {}
+"""By `id(kernel)`: kernels are module globals, alive as long as the process."""
 
 
-@functools.cache
 def _signature_of(kernel: Any) -> _Signature:
     params = list(inspect.signature(kernel.fn).parameters.values())
     names = tuple(p.name for p in params)

@@ -28,8 +28,9 @@ for a kernel, and Triton 3.6's hash depends on the order of computing them: a he
 constexpr globals join a caller's hash only when the helper was hashed first. Any use of a
 JITFunction as a dict key or in a set computes its hash. `settle_hashes()` hashes every JIT
 function of `graphidx.ops.kernels` once, in one fixed order (by module, then name); `launch`
-and `graphidx.specializations` call it before they first use a kernel as a key, and a warm-up
-worker before it compiles, so a serving process finds what the workers compiled.
+calls it before it first uses a kernel as a key, and a warm-up worker before it compiles
+(`graphidx.specializations` keys kernels by identity, hashing none), so a serving process
+finds what the workers compiled.
 """
 
 from __future__ import annotations
@@ -122,16 +123,17 @@ def _hooked(hook: Any) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-_SETTLED: list[bool] = []
+_settled = False
 
 
 def settle_hashes() -> None:
     """Compute the source hash of every JIT function in the modules of graphidx.ops.kernels,
     sorted by module and name, once per process (module docstring); nothing under the
     interpreter."""
-    if _SETTLED:
+    global _settled
+    if _settled:
         return
-    _SETTLED.append(True)
+    _settled = True
     import graphidx.ops.kernels as package
 
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
@@ -142,7 +144,7 @@ def settle_hashes() -> None:
 
 
 def _kernel(kernel: Any) -> _Compiled:
-    if not _SETTLED:
+    if not _settled:
         settle_hashes()  # before the lookup: a JITFunction's hash is its source hash
     compiled = _KERNELS.get(kernel)
     if compiled is None:
