@@ -118,8 +118,8 @@ def _peer_batch(
         lens.copy_(host_lens, non_blocking=True)
         graph.replay()
 
-    for kernel, us in replay_activities(graph.replay):
-        print(f"      {us:8.1f} us  {short_name(kernel)}", flush=True)
+    for kernel, start, us in replay_activities(graph.replay):
+        print(f"      at {start:7.1f} us: {us:8.1f} us  {short_name(kernel)}", flush=True)
     return median_ms(step, False), median_ms(graph.replay, True)
 
 

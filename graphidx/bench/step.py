@@ -44,8 +44,9 @@ class StepRow:
     """Device activities of one replay (kernels, memsets, copies)."""
     launches_per_kind: dict[str, int]
     """Per layer kind (`dense`, `source`, `consumer`) and `step` (the step-level ones)."""
-    activities: tuple[tuple[str, float], ...] = ()
-    """(short name, device us) of each activity of one replay, in start order."""
+    activities: tuple[tuple[str, float, float], ...] = ()
+    """(short name, start us after the first activity's start, device us) of each activity
+    of one replay, in start order."""
 
 
 def preset(name: str, context: int, max_reqs: int) -> tuple[IndexerConfig, IndexerStack]:
@@ -83,9 +84,9 @@ def median_ms(fn: Callable[[], object], event: bool, repeat: int = REPEAT) -> fl
     return statistics.median(times)
 
 
-def replay_activities(replay: Callable[[], object]) -> list[tuple[str, float]]:
-    """(name, device us) of every kernel, memset and copy one call of `replay` runs, in
-    start order, from the profiler's record."""
+def replay_activities(replay: Callable[[], object]) -> list[tuple[str, float, float]]:
+    """(name, start us after the first one's start, device us) of every kernel, memset and
+    copy one call of `replay` runs, in start order, from the profiler's record."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -94,7 +95,8 @@ def replay_activities(replay: Callable[[], object]) -> list[tuple[str, float]]:
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     events.sort(key=lambda e: e.time_range.start)
-    return [(e.name, e.time_range.elapsed_us()) for e in events]
+    first = events[0].time_range.start if events else 0
+    return [(e.name, e.time_range.start - first, e.time_range.elapsed_us()) for e in events]
 
 
 def _replay_launches(replay: Callable[[], object]) -> int:
@@ -192,8 +194,8 @@ def measure_step(name: str, context: int, batches: tuple[int, ...] = STEP_BATCHE
         step_ms = median_ms(lambda: main.runner.step(step, views, synchronize=True), False)  # noqa: B023
         graph_ms = median_ms(lambda: main.runner.graphs.replay(shape), True)  # noqa: B023
         activities = tuple(
-            (short_name(n), us)
-            for n, us in replay_activities(lambda: main.runner.graphs.replay(shape))  # noqa: B023
+            (short_name(n), start, us)
+            for n, start, us in replay_activities(lambda: main.runner.graphs.replay(shape))  # noqa: B023
         )
         launches = len(activities)
         per_kind: dict[str, int] = {}
@@ -212,8 +214,8 @@ def measure_step(name: str, context: int, batches: tuple[int, ...] = STEP_BATCHE
             f"{launches} launches {per_kind}",
             flush=True,
         )
-        for kernel, us in activities:
-            print(f"      {us:8.1f} us  {kernel}", flush=True)
+        for kernel, start, us in activities:
+            print(f"      at {start:7.1f} us: {us:8.1f} us  {kernel}", flush=True)
     return rows
 
 
