@@ -49,8 +49,15 @@ CASES = {
     "prefill": (64, 0, 4096, 32768, 64),
     "gather": (32, 2, 64, 65536, 128),  # pool of 2048 blocks of C = 8 per row
 }
-TOPK_CASES = {"topk512": (512, 128), "topk2048": (2048, 128), "topk512r16": (512, 16)}
-"""name: (k, rows) of rows x 65536 columns; 16 rows take the split path (P = 8)."""
+TOPK_CASES = {
+    "topk512": (512, 128, 65536),
+    "topk2048": (2048, 128, 65536),
+    "topk512r16": (512, 16, 65536),
+    "topk2048w8256": (2048, 2, 8256),
+    "topk2048w8192": (2048, 2, 8192),
+}
+"""name: (k, rows, columns); 16 rows of 65536 take the split path (P = 8), the narrow rows
+the whole-row kernel (V3.2's decode rows at an 8K context: W_PAD 16384 and 8192)."""
 GATHER_POOL_BLOCKS, GATHER_BLOCK_SIZE = 2048, 8
 SMALL_KEYS = 512  # the compiled code depends on shapes' strides and divisibility, not sizes
 
@@ -96,10 +103,10 @@ def compile_gather(config: GatherConfig | None, precision: str = "exact") -> Non
     )  # fmt: skip
 
 
-def compile_topk(k: int, rows: int) -> None:
-    """The top-k launcher at rows x 65536 (the H200 cases), default config."""
-    logits = torch.zeros((rows, 65536))
-    lengths = torch.full((rows,), 65536, dtype=torch.int32)
+def compile_topk(k: int, rows: int, width: int) -> None:
+    """The top-k launcher at rows x width, default config."""
+    logits = torch.zeros((rows, width))
+    lengths = torch.full((rows,), width, dtype=torch.int32)
     triton_topk.topk_per_row(logits, lengths, k, torch.empty((rows, k), dtype=torch.int32))
 
 
@@ -285,6 +292,7 @@ def main() -> int:
         triton_logits._logits_scheduled_kernel,
         triton_gather._gather_logits_kernel,
         triton_topk._topk_row_kernel,
+        triton_topk._topk_whole_row_kernel,
         triton_topk._split_floor_kernel,
         triton_topk._split_collect_kernel,
     ]

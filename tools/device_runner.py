@@ -72,41 +72,6 @@ def _alternating(
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def _device_span_us(fn: Callable[[], object], calls: int = 5) -> dict[str, float]:
-    """Under the profiler: the median device span of one `fn()` (first device activity's
-    start to the last one's end), the median summed activity time, and the median latency
-    from the host's call to the first activity."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    spans, busy = [], []
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-            torch.cuda.synchronize()
-            torch.cuda._sleep(2_000_000)  # a gap the calls' activities can be split at
-            torch.cuda.synchronize()
-    events = sorted(
-        (e for e in prof.events() if e.device_type == DeviceType.CUDA and "sleep" not in e.name),
-        key=lambda e: e.time_range.start,
-    )
-    groups: list[list] = []
-    for e in events:
-        if groups and e.time_range.start - groups[-1][-1].time_range.end < 500:
-            groups[-1].append(e)
-        else:
-            groups.append([e])
-    for g in groups:
-        spans.append(g[-1].time_range.end - g[0].time_range.start)
-        busy.append(sum(e.time_range.elapsed_us() for e in g))
-    return {
-        "span": statistics.median(spans),
-        "busy": statistics.median(busy),
-        "activities": statistics.median(len(g) for g in groups),
-    }
-
-
 def _per_call_us(fn: Callable[[], object], calls: int = 200) -> float:
     """Median host microseconds of one `fn()` call, each timed alone (no synchronization)."""
     times = []
@@ -247,21 +212,16 @@ def bench_step(
             _alternating(
                 {
                     "step_all_in_place_ms": (step_now, False),
-                    "graph_ms": (lambda: runner.graphs.replay(shape), True),  # noqa: B023
-                    "replay_wall_ms": (lambda: runner.graphs.replay(shape), False),  # noqa: B023
+                    "graph_ms": (runner.graphs.graph(shape).replay, True),
+                    "replay_wall_ms": (runner.graphs.graph(shape).replay, False),
                 },
                 repeat,
             )
         )
-        row["device_span_us"] = {
-            "step": _device_span_us(step_now),
-            "replay": _device_span_us(lambda: runner.graphs.replay(shape)),  # noqa: B023
-        }
         replay = runner.graphs.replay
         runner.graphs.replay = lambda shape: None  # type: ignore[method-assign]
         row["host_only_ms"] = median_ms(lambda: runner.step(batch_in_place, views), False, repeat)  # noqa: B023
         runner.graphs.replay = replay  # type: ignore[method-assign]
-        print(f"  device span {row['device_span_us']}", flush=True)
         if profile_host and b == batches[0]:
             row["host_parts_us"] = _profile_host(runner, batch_in_place, views, shape)
         rows.append(row)

@@ -101,6 +101,20 @@ def test_random_rows_every_length(gen: torch.Generator, split: int, k: int) -> N
     run(logits, lengths_for(300, 10, gen), k, small_config(k, split))
 
 
+@pytest.mark.parametrize("k", [1, 300, 2048])
+def test_whole_rows_held_in_the_half_tile_when_short(gen: torch.Generator, k: int) -> None:
+    """From W_PAD = HALF_ROW_TIER on, rows of at most W_PAD / 2 live columns take the
+    half-size tile, longer ones the full tile: both exact, at lengths on either side of the
+    cut and at it (width 4200: W_PAD 8192, the cut at 4096), with ties and -inf."""
+    width = 4200
+    assert topk_kernels.next_power_of_2(width) == topk_kernels.HALF_ROW_TIER.value
+    logits = torch.randn(8, width, generator=gen)
+    logits[1] = torch.round(logits[1] * 2.0) / 2.0  # many ties
+    logits[2, ::3] = NEG_INF
+    lengths = torch.tensor([4096, 4096, 4097, width, 3000, 4095, 2100, 4150], dtype=torch.int32)
+    run(logits, lengths, k, small_config(k, 0))
+
+
 def tie_rows(gen: torch.Generator, width: int) -> torch.Tensor:
     rows = [
         torch.full((width,), 1.5),

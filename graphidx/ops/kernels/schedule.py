@@ -37,16 +37,18 @@ HEADER_INTS = tl.constexpr(fmt.SCHEDULE_HEADER_INTS)
 ALIGNMENT = tl.constexpr(fmt.SPLIT_ALIGNMENT)
 ITEM_INTS = tl.constexpr(fmt.SCHEDULE_ITEM_INTS)
 
-BLOCK_TILE = 8192
-"""Slots of one masked store tile: BLOCK_G groups x BLOCK_J items (`block_sizes`)."""
+BLOCK_TILE = 1024
+"""Slots of one masked store tile: BLOCK_G groups x BLOCK_J items (`block_sizes`), 8 per
+thread at 4 warps. A group's items beyond BLOCK_J take more tiles, so the tile only sets how
+much of a tile a step leaves masked: a decode step's groups mostly get a few to a few dozen
+items (the adaptive split aims at TARGET_ITEMS_PER_SM per multiprocessor in all)."""
 
 
 def block_sizes(num_groups: int) -> tuple[int, int]:
-    """(BLOCK_G, BLOCK_J) for `num_groups` groups: 1 x 1024 for one group, 16 x 512 up to 16,
-    else 128 x 64 (three variants; a small step's few groups, each cut into up to hundreds of
-    items, then write them in one tile instead of several mostly masked ones)."""
+    """(BLOCK_G, BLOCK_J) for `num_groups` groups: 1 x 1024 for one group, 16 x 64 up to 16,
+    else 128 x 8 (three variants)."""
     block_g = 1 if num_groups <= 1 else 16 if num_groups <= 16 else 128
-    return block_g, min(1024, BLOCK_TILE // block_g)
+    return block_g, BLOCK_TILE // block_g
 
 
 @triton.jit

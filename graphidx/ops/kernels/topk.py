@@ -182,6 +182,9 @@ MAX_WHOLE_ROW_COLUMNS = 32768
 """Widest row the whole-row path can hold (its prefix sums pack counts in 16 bits)."""
 WHOLE_ROW_KEYS = 16
 """Keys per thread the whole-row path aims at (more warps for wider rows, up to 16)."""
+HALF_ROW_TIER = tl.constexpr(8192)
+"""From this W_PAD on, the whole-row kernel holds a row of at most W_PAD / 2 live columns in
+a tile of half the size (same warps, half the keys per thread)."""
 MIN_SLICE_COLUMNS = 4096
 """Columns of the width each program keeps at least (a shorter stream is all overhead)."""
 MIN_SLICE_GROUPS = 128
@@ -1052,13 +1055,30 @@ def _topk_whole_row_kernel(
     """One program per row of at most W_PAD columns, held in registers: one read, the exact
     search for the k-th largest key over all of them, then the picks in column order (ties
     by column), or with the last bracket ranked by `_emit_ranked` (staged in the row's
-    2 * BRACKET ints of stage)."""
+    2 * BRACKET ints of stage). From W_PAD = HALF_ROW_TIER on, a row of at most W_PAD / 2
+    live columns is held in a tile of half the size, so the search's cost follows the live
+    columns rather than the buffer's width (a decode row sized for the longest context
+    holds a shorter one)."""
     row = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
     src = logits_ptr + row * row_stride
     dst = out_ptr + row * out_row_stride
-    RUN: tl.constexpr = 4 if W_PAD >= 4 else 1
-    col = tl.arange(0, W_PAD // RUN)[:, None] * RUN + tl.arange(0, RUN)[None, :]
+    stage = stage_ptr + row * (2 * BRACKET)
+    if W_PAD >= HALF_ROW_TIER:
+        if n <= W_PAD // 2:
+            _whole_row_picks(src, dst, stage, n, k, K_PAD, W_PAD // 2, BRACKET)
+        else:
+            _whole_row_picks(src, dst, stage, n, k, K_PAD, W_PAD, BRACKET)
+    else:
+        _whole_row_picks(src, dst, stage, n, k, K_PAD, W_PAD, BRACKET)
+
+
+@triton.jit
+def _whole_row_picks(src, dst, stage, n, k, K_PAD: tl.constexpr, W: tl.constexpr,
+                     BRACKET: tl.constexpr):  # fmt: skip
+    """`_topk_whole_row_kernel`'s picks of one row of n <= W columns, held in a W-key tile."""
+    RUN: tl.constexpr = 4 if W >= 4 else 1
+    col = tl.arange(0, W // RUN)[:, None] * RUN + tl.arange(0, RUN)[None, :]
     key = _load_keys(src, col, col < n, True)
     largest, smallest, live = _key_range(key)
     if live <= k:
@@ -1072,8 +1092,8 @@ def _topk_whole_row_kernel(
             key, k, k, k, largest, smallest, live, 0, 0, 32, BRACKET
         )
         if (reaching > k) & (reaching - above_hi <= BRACKET):
-            _emit_ranked(key, col, threshold, hi, reaching - above_hi, above_hi, k,
-                         stage_ptr + row * (2 * BRACKET), dst, BRACKET)  # fmt: skip
+            _emit_ranked(key, col, threshold, hi, reaching - above_hi, above_hi, k, stage, dst,
+                         BRACKET)  # fmt: skip
         else:
             _emit_selection(key, col, threshold, k, dst)
 
