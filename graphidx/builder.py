@@ -175,7 +175,7 @@ class IndexerMetadataBuilder:
         self.num_pages = num_pages
         self.context_parallel: ContextParallel | None = None
         self.layout = self._check_config()
-        self.min_gather_width: int | None = None
+        self._set_gather_gates()
         if buffers is not None and buffers.device != self.device:
             raise ValueError(f"buffers live on {buffers.device}, the builder on {self.device}")
         self.static = buffers if buffers is not None else StaticBuffers(self.device)
@@ -200,6 +200,11 @@ class IndexerMetadataBuilder:
                 f"cache layout for num_heads = {config.num_heads}, head_dim = "
                 f"{config.head_dim}: {error}"
             ) from error
+
+    def _set_gather_gates(self) -> None:
+        """Set the widths from which the plan gathers: `min_gather_width`, a prefill chunk's
+        (None: never, the dense indexer having no candidate pool)."""
+        self.min_gather_width: int | None = None
 
     def _allocate(self) -> None:
         config = self.config
@@ -705,24 +710,9 @@ class CandidateIndexerMetadataBuilder(IndexerMetadataBuilder):
     is the same gate). Without sparse_logits nothing gathers.
     """
 
-    def __init__(
-        self,
-        config: IndexerConfig,
-        device: torch.device | str,
-        *,
-        num_pages: int | None = None,
-        full_graph_decode: bool = False,
-        decode_schedule: bool | None = None,
-        buffers: StaticBuffers | None = None,
-    ) -> None:
-        super().__init__(
-            config,
-            device,
-            num_pages=num_pages,
-            full_graph_decode=full_graph_decode,
-            decode_schedule=decode_schedule,
-            buffers=buffers,
-        )
+    def _set_gather_gates(self) -> None:
+        super()._set_gather_gates()
+        config = self.config
         self.num_candidate_cols = config.num_candidate_cols if config.sparse_logits else 0
         self.rows_per_launch = 0
         self.decode_gather_width = 0

@@ -490,6 +490,33 @@ class ContextParallelGroup:
             )
 
 
+def exchange_group(
+    config: IndexerConfig, dcp: object, where: str = ""
+) -> ContextParallelGroup | None:
+    """The group a config's layers exchange through: None on one rank (the single-rank path;
+    a `dcp` given there must have world size 1), else `dcp`, which must be this rank's
+    `ContextParallelGroup` with the config's sharding (`ContextParallelGroup.check`).
+    ValueError otherwise, its message led by `where` ("where: ") when given."""
+    lead = f"{where}: " if where else ""
+    if dcp is not None and not isinstance(dcp, ContextParallelGroup):
+        raise ValueError(
+            f"{lead}dcp must be a ContextParallelGroup or None, got {type(dcp).__name__}"
+        )
+    if config.dcp_world_size == 1:
+        if dcp is not None and dcp.ctx.world_size != 1:
+            raise ValueError(
+                f"{lead}dcp has world_size {dcp.ctx.world_size} but config.dcp_world_size is 1"
+            )
+        return None
+    if dcp is None:
+        raise ValueError(
+            f"{lead}config.dcp_world_size = {config.dcp_world_size}: dcp must be a "
+            "ContextParallelGroup (this rank and its process group), got None"
+        )
+    dcp.check(config)
+    return dcp
+
+
 def _check_group(dcp: object) -> ContextParallelGroup:
     if not isinstance(dcp, ContextParallelGroup):
         raise ValueError(f"dcp must be a ContextParallelGroup, got {type(dcp).__name__}")

@@ -29,6 +29,7 @@ import torch
 from graphidx.config import IndexerConfig
 from graphidx.distributed import (
     ContextParallelGroup,
+    exchange_group,
     global_positions,
     local_positions,
     sharded_topk,
@@ -95,27 +96,12 @@ def _check_context_parallel(
     """The group a layer exchanges through: None on one rank (the single-rank path), else
     `dcp`, which must be given and match the config's sharding, with `metadata` from a
     context-parallel builder. ValueError naming `layer` otherwise, before any kernel."""
-    if dcp is not None and not isinstance(dcp, ContextParallelGroup):
-        raise ValueError(
-            f"{layer}: dcp must be a ContextParallelGroup or None, got {type(dcp).__name__}"
-        )
-    if config.dcp_world_size == 1:
-        if dcp is not None and dcp.ctx.world_size != 1:
-            raise ValueError(
-                f"{layer}: dcp has world_size {dcp.ctx.world_size} but config.dcp_world_size is 1"
-            )
-        return None
-    if dcp is None:
-        raise ValueError(
-            f"{layer}: config.dcp_world_size = {config.dcp_world_size}: dcp must be a "
-            "ContextParallelGroup (this rank and its process group), got None"
-        )
-    dcp.check(config)
-    if metadata.global_row_ends is None:
+    group = exchange_group(config, dcp, layer)
+    if group is not None and metadata.global_row_ends is None:
         raise ValueError(
             f"{layer}: metadata has no global_row_ends: not built by a context-parallel builder"
         )
-    return dcp
+    return group
 
 
 def _row_topk(

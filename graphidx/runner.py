@@ -52,7 +52,7 @@ from graphidx.builder import (
     canonical_device,
 )
 from graphidx.config import IndexerConfig
-from graphidx.distributed import ContextParallelGroup
+from graphidx.distributed import ContextParallelGroup, exchange_group
 from graphidx.indexer import candidate_consumer, dense_indexer
 from graphidx.metadata import IndexerMetadata
 from graphidx.mxfp4.layout import cache_layout
@@ -670,27 +670,15 @@ def _check_dcp(
     config: IndexerConfig, dcp: ContextParallelGroup | None, compile_layers: bool
 ) -> ContextParallelGroup | None:
     """The group the layers exchange through: None on one rank (the single-rank path), else
-    `dcp`, which must be a `ContextParallelGroup` matching the config's sharding."""
-    if dcp is not None and not isinstance(dcp, ContextParallelGroup):
-        raise ValueError(f"dcp must be a ContextParallelGroup or None, got {type(dcp).__name__}")
-    if config.dcp_world_size == 1:
-        if dcp is not None and dcp.ctx.world_size != 1:
-            raise ValueError(
-                f"dcp has world_size {dcp.ctx.world_size} but config.dcp_world_size is 1"
-            )
-        return None
-    if dcp is None:
-        raise ValueError(
-            f"config.dcp_world_size = {config.dcp_world_size}: dcp must be this rank's "
-            "ContextParallelGroup, got None"
-        )
-    dcp.check(config)
-    if compile_layers:
+    `dcp`, which must be a `ContextParallelGroup` matching the config's sharding
+    (`exchange_group`), with the layers not compiled."""
+    group = exchange_group(config, dcp)
+    if group is not None and compile_layers:
         raise ValueError(
             f"compile_layers=True with config.dcp_world_size = {config.dcp_world_size}: the "
             "context-parallel exchange is not traced by torch.compile"
         )
-    return dcp
+    return group
 
 
 def _copy_rows(dst: torch.Tensor, src: torch.Tensor, rows: int) -> None:

@@ -326,6 +326,36 @@ class StepGenerator:
 # --- context parallel: a rank's share of a step ------------------------------------------------
 
 
+def context_parallel_config(
+    next_n: int, ratio: int, candidate_block_size: int, interleave: int, world_size: int, rank: int
+) -> IndexerConfig:
+    """The small model the context-parallel suites shard: 4 heads of 64, compress ratio
+    `ratio` (pages of 64 * ratio tokens, 2048 * ratio tokens at most), `next_n` rows per
+    decode request, top-32, 48 KiB of logits (prefill chunks get cut), 8 requests of 128
+    tokens; with `candidate_block_size` C > 0 two-level (a pool of 8 blocks, sparse logits),
+    dense with 0. Rank `rank` of `world_size`, positions interleaved by `interleave` (unused
+    on one rank, where the config's interleave is 0)."""
+    c = candidate_block_size
+    return IndexerConfig(
+        num_heads=4,
+        head_dim=64,
+        compress_ratio=ratio,
+        block_size=64 * ratio,
+        max_model_len=2048 * ratio,
+        num_speculative_tokens=next_n - 1,
+        topk_tokens=32,
+        candidate_block_size=c,
+        candidate_topk_blocks=8 if c else 0,
+        sparse_logits=bool(c),
+        max_logits_bytes=48 * 1024,
+        max_num_seqs=8,
+        max_num_batched_tokens=128,
+        dcp_world_size=world_size,
+        dcp_rank=rank,
+        dcp_interleave=interleave if world_size > 1 else 0,
+    )
+
+
 def rank_cache_pages(config: IndexerConfig) -> int:
     """Pages a rank's cache needs for any step `shard_kv_cache` shards: page 0 (left empty)
     and, per request, the pages of the rank's share of a whole-length context."""

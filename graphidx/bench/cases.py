@@ -42,6 +42,19 @@ def _logits_bytes_flops(
     return float(bytes_moved), flops
 
 
+def _paged_inputs(
+    contexts: list[int], rows: int, num_heads: int, page_entries: int, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """`(block_table, kv_cache, q, q_scale, weights, context_lens)`: a logits case's random
+    inputs, one seq per context over shuffled pages of `page_entries` keys and `rows` query
+    rows of `num_heads` heads of HEAD_DIM (drawn in that order)."""
+    table, pages = random_block_table(contexts, page_entries, device)
+    kv = random_kv_cache(pages, num_heads, HEAD_DIM, page_entries, device)
+    q, q_scale, weights = random_queries(rows, num_heads, HEAD_DIM, device)
+    context_lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+    return table, kv, q, q_scale, weights, context_lens
+
+
 def dense_decode_case(
     name: str,
     num_heads: int,
@@ -62,10 +75,9 @@ def dense_decode_case(
     seqs = len(contexts)
     rows = seqs * next_n
     width = max(contexts)
-    table, pages = random_block_table(contexts, page_entries, device)
-    kv = random_kv_cache(pages, num_heads, HEAD_DIM, page_entries, device)
-    q, q_scale, weights = random_queries(rows, num_heads, HEAD_DIM, device)
-    context_lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+    table, kv, q, q_scale, weights, context_lens = _paged_inputs(
+        contexts, rows, num_heads, page_entries, device
+    )
     ends = [c - (next_n - 1 - j) for c in contexts for j in range(next_n)]
     row_ends = torch.tensor(ends, dtype=torch.int32, device=device)
     out = torch.full((rows, width), float("nan"), device=device)
@@ -125,10 +137,9 @@ def prefill_case(
     from graphidx.ops.kernels import logits as triton_logits
 
     page_entries = 64
-    table, pages = random_block_table([context], page_entries, device)
-    kv = random_kv_cache(pages, num_heads, HEAD_DIM, page_entries, device)
-    q, q_scale, weights = random_queries(rows, num_heads, HEAD_DIM, device)
-    context_lens = torch.tensor([context], dtype=torch.int32, device=device)
+    table, kv, q, q_scale, weights, context_lens = _paged_inputs(
+        [context], rows, num_heads, page_entries, device
+    )
     # The chunk's rows are the last `rows` tokens of the request (causal ends).
     ends = [context - rows + r + 1 for r in range(rows)]
     row_ends = torch.tensor(ends, dtype=torch.int32, device=device)
@@ -185,10 +196,9 @@ def gather_case(
     page_entries = 128
     rows = seqs * next_n
     contexts = [context] * seqs
-    table, pages = random_block_table(contexts, page_entries, device)
-    kv = random_kv_cache(pages, num_heads, HEAD_DIM, page_entries, device)
-    q, q_scale, weights = random_queries(rows, num_heads, HEAD_DIM, device)
-    context_lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+    table, kv, q, q_scale, weights, context_lens = _paged_inputs(
+        contexts, rows, num_heads, page_entries, device
+    )
     row_ends = torch.tensor(
         [context - (next_n - 1 - j) for _ in range(seqs) for j in range(next_n)],
         dtype=torch.int32, device=device,

@@ -34,6 +34,7 @@ from graphidx.runner import IndexerStack, LayerInput
 from graphidx.testing import (
     StepCase,
     StepGenerator,
+    context_parallel_config,
     gloo_available,
     rank_batch,
     request_contexts,
@@ -69,20 +70,8 @@ class Setup:
     max_context: int
 
     def config(self, world_size: int = 1, rank: int = 0) -> IndexerConfig:
-        return IndexerConfig(
-            num_heads=4,
-            head_dim=64,
-            compress_ratio=self.ratio,
-            block_size=64 * self.ratio,
-            max_model_len=2048 * self.ratio,
-            num_speculative_tokens=self.next_n - 1,
-            topk_tokens=32,
-            max_logits_bytes=48 * 1024,  # prefill chunks get cut
-            max_num_seqs=8,
-            max_num_batched_tokens=128,
-            dcp_world_size=world_size,
-            dcp_rank=rank,
-            dcp_interleave=self.interleave if world_size > 1 else 0,
+        return context_parallel_config(
+            self.next_n, self.ratio, 0, self.interleave, world_size, rank
         )
 
     def generator(self) -> StepGenerator:

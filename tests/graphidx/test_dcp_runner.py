@@ -28,6 +28,7 @@ from graphidx.runner import IndexerGraphRunner, IndexerStack
 from graphidx.testing import (
     StepCase,
     StepGenerator,
+    context_parallel_config,
     gloo_available,
     rank_cache_pages,
     run_gloo_ranks,
@@ -53,24 +54,8 @@ class Setup:
     seed: int
 
     def config(self, world_size: int = 1, rank: int = 0) -> IndexerConfig:
-        c = self.candidate_block_size
-        return IndexerConfig(
-            num_heads=4,
-            head_dim=64,
-            compress_ratio=self.ratio,
-            block_size=64 * self.ratio,
-            max_model_len=2048 * self.ratio,
-            num_speculative_tokens=self.next_n - 1,
-            topk_tokens=32,
-            candidate_block_size=c,
-            candidate_topk_blocks=8 if c else 0,
-            sparse_logits=bool(c),
-            max_logits_bytes=48 * 1024,  # prefill chunks get cut
-            max_num_seqs=8,
-            max_num_batched_tokens=128,
-            dcp_world_size=world_size,
-            dcp_rank=rank,
-            dcp_interleave=self.interleave if world_size > 1 else 0,
+        return context_parallel_config(
+            self.next_n, self.ratio, self.candidate_block_size, self.interleave, world_size, rank
         )
 
     def cases(self) -> tuple[list[torch.Tensor], list[StepCase]]:
@@ -193,7 +178,8 @@ def test_runner_refuses_a_missing_group() -> None:
     setup = SETUPS[0]
     config = setup.config(2, 0)
     caches = [torch.zeros(rank_cache_pages(config), 4096, dtype=torch.uint8)] * 4
-    with pytest.raises(ValueError, match="dcp must be this rank's ContextParallelGroup"):
+    missing = r"dcp must be a ContextParallelGroup \(this rank and its process group\), got None"
+    with pytest.raises(ValueError, match=missing):
         runner_for(config, setup.stack, caches)
     with pytest.raises(ValueError, match="dcp must be a ContextParallelGroup"):
         runner_for(config, setup.stack, caches, dcp=ContextParallel.from_config(config))

@@ -48,6 +48,15 @@ def spec_offsets(layout: CacheLayout) -> tuple[dict[tuple[int, int], int], dict]
     return value_at, scale_at
 
 
+@pytest.fixture(params=LAYOUTS, ids=lambda row: "-".join(map(str, row)))
+def layout(request: pytest.FixtureRequest) -> CacheLayout:
+    """The layout of each LAYOUTS row, for its head_dim and page_entries."""
+    heads, dim, entries, _ = request.param
+    made = cache_layout(heads, dim, entries)
+    assert (made.head_dim, made.page_entries) == (dim, entries)
+    return made
+
+
 def random_entries(gen: torch.Generator, layout: CacheLayout) -> tuple[torch.Tensor, torch.Tensor]:
     shape_v = (layout.page_entries, layout.head_dim // 2)
     shape_s = (layout.page_entries, layout.head_dim // 32)
@@ -81,9 +90,8 @@ def test_v32_entry_is_68_bytes() -> None:
     assert cache_layout(64, 128, 64).entry_bytes == 68
 
 
-@pytest.mark.parametrize(("heads", "dim", "entries", "n"), LAYOUTS)
-def test_every_offset_matches_the_spec_walk(heads: int, dim: int, entries: int, n: int) -> None:
-    layout = cache_layout(heads, dim, entries)
+def test_every_offset_matches_the_spec_walk(layout: CacheLayout) -> None:
+    entries, dim = layout.page_entries, layout.head_dim
     value_at, scale_at = spec_offsets(layout)
     value_offsets, scale_offsets = entry_offsets(layout)
     assert value_offsets.dtype == torch.int64 and value_offsets.device.type == "cpu"
@@ -97,11 +105,7 @@ def test_every_offset_matches_the_spec_walk(heads: int, dim: int, entries: int, 
     assert sorted([*value_at.values(), *scale_at.values()]) == list(range(layout.page_bytes))
 
 
-@pytest.mark.parametrize(("heads", "dim", "entries", "n"), LAYOUTS)
-def test_pack_page_places_every_byte(
-    gen: torch.Generator, heads: int, dim: int, entries: int, n: int
-) -> None:
-    layout = cache_layout(heads, dim, entries)
+def test_pack_page_places_every_byte(gen: torch.Generator, layout: CacheLayout) -> None:
     values, scales = random_entries(gen, layout)
     page = pack_page(values, scales, layout)
     assert page.dtype == torch.uint8 and page.shape == (layout.page_bytes,)
@@ -113,15 +117,11 @@ def test_pack_page_places_every_byte(
         assert page_list[offset] == int(scales[entry, scale])
 
 
-@pytest.mark.parametrize(("heads", "dim", "entries", "n"), LAYOUTS)
-def test_round_trip_with_page_padding(
-    gen: torch.Generator, heads: int, dim: int, entries: int, n: int
-) -> None:
-    layout = cache_layout(heads, dim, entries)
+def test_round_trip_with_page_padding(gen: torch.Generator, layout: CacheLayout) -> None:
     values, scales = random_entries(gen, layout)
     padding = torch.randint(0, 256, (37,), generator=gen, dtype=torch.int32).to(torch.uint8)
     page = torch.cat((pack_page(values, scales, layout), padding))
-    got_values, got_scales = unpack_page(page, layout, dim)
+    got_values, got_scales = unpack_page(page, layout, layout.head_dim)
     assert torch.equal(got_values, values)
     assert torch.equal(got_scales, scales)
 
