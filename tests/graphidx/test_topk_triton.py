@@ -115,6 +115,24 @@ def test_whole_rows_held_in_the_half_tile_when_short(gen: torch.Generator, k: in
     run(logits, lengths, k, small_config(k, 0))
 
 
+@pytest.mark.parametrize("short_rows", [True, False])
+@pytest.mark.parametrize("k", [1, 100, 2047])
+def test_short_rows_of_a_wide_buffer_held_whole(
+    gen: torch.Generator, k: int, short_rows: bool
+) -> None:
+    """P = 1 over a buffer wider than the whole-row tile (4 warps: 2048 columns): rows of at
+    most 2048 live columns take the whole-row picks, longer ones the grouped path; with
+    short_rows off every row takes the grouped path. Exact either way, ties and -inf too."""
+    width = 2600
+    config = dataclasses.replace(small_config(k, 1), short_rows=short_rows)
+    assert topk_kernels.short_row_columns(config, k, width) == (2048 if short_rows else 0)
+    logits = torch.randn(8, width, generator=gen)
+    logits[1] = torch.round(logits[1] * 2.0) / 2.0
+    logits[2, ::3] = NEG_INF
+    lengths = torch.tensor([2048, 2048, 2049, width, 1000, 2047, 5, 0], dtype=torch.int32)
+    run(logits, lengths, k, config)
+
+
 def tie_rows(gen: torch.Generator, width: int) -> torch.Tensor:
     rows = [
         torch.full((width,), 1.5),

@@ -204,7 +204,8 @@ class TopkConfig:
     raised to groups // P when smaller); max_registers: Triton's `maxnreg` for every launch
     (None: the compiler's choice), a tuning hook for occupancy; whole_row: one program per
     row holds the whole row in registers (`_topk_whole_row_kernel`, widths up to
-    MAX_WHOLE_ROW_COLUMNS; groups, capacity, P and chunk unused).
+    MAX_WHOLE_ROW_COLUMNS; groups, capacity, P and chunk unused); short_rows: at P = 1,
+    rows whose length fits `short_row_columns` are held whole instead of grouped.
     """
 
     groups: int
@@ -214,6 +215,7 @@ class TopkConfig:
     chunk: int = 2048
     max_registers: int | None = None
     whole_row: bool = False
+    short_rows: bool = True
 
 
 def default_config(k: int, rows: int, width: int) -> TopkConfig:
@@ -1012,13 +1014,34 @@ def _topk_row_kernel(
     PTX: tl.constexpr,
     QUADS: tl.constexpr,
     PARTS: tl.constexpr,
+    SHORT: tl.constexpr,
 ):
     """P = 1: one program per row; one streaming pass, then only the listed groups (QUADS:
-    the width is a multiple of 4, `_group_tile`)."""
+    the width is a multiple of 4, `_group_tile`). A row of at most SHORT live columns
+    (SHORT > 0) is held whole in registers instead (`_whole_row_picks`, the bracket staged
+    at the start of the row's scratch): a decode row sized for the longest context but
+    holding a short one costs what its live columns cost."""
     row = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
     src = logits_ptr + row * row_stride
+    dst = out_ptr + row * out_row_stride
     candidates = scratch_ptr + row * ROW_INTS
+    if SHORT > 0:
+        if n <= SHORT:
+            _whole_row_picks(src, dst, candidates, n, k, K_PAD, SHORT, RANK_KEYS)
+        else:
+            _grouped_row_picks(src, dst, candidates, n, k, K_PAD, CAP, G, SG, NG_PAD, PTX,
+                               QUADS, PARTS)  # fmt: skip
+    else:
+        _grouped_row_picks(src, dst, candidates, n, k, K_PAD, CAP, G, SG, NG_PAD, PTX, QUADS,
+                           PARTS)  # fmt: skip
+
+
+@triton.jit
+def _grouped_row_picks(src, dst, candidates, n, k, K_PAD: tl.constexpr, CAP: tl.constexpr,
+                       G: tl.constexpr, SG: tl.constexpr, NG_PAD: tl.constexpr,
+                       PTX: tl.constexpr, QUADS: tl.constexpr, PARTS: tl.constexpr):  # fmt: skip
+    """`_topk_row_kernel`'s grouped path over one row (its scratch from `candidates` on)."""
     ties = candidates + CAP
     maxima = ties + K_PAD
     group_list = maxima + NG_PAD
@@ -1034,8 +1057,7 @@ def _topk_row_kernel(
     above, tied = _collect_groups(src, n, floor, group_list, listed, candidates, ties,
                                   K_PAD, CAP, G, SG, PARTS, PTX, QUADS)  # fmt: skip
     tl.debug_barrier()
-    _select(src, n, out_ptr + row * out_row_stride, candidates, ties, above, tied, floor,
-            row_max, k, K_PAD, CAP, True)  # fmt: skip
+    _select(src, n, dst, candidates, ties, above, tied, floor, row_max, k, K_PAD, CAP, True)
 
 
 @triton.jit(do_not_specialize=["lengths_ptr", "width"])
@@ -1210,6 +1232,16 @@ def collect_parts(group: int, step_groups: int, num_warps: int) -> int:
     return max(1, min(32 * num_warps // step_groups, group // 4))
 
 
+def short_row_columns(cfg: TopkConfig, k: int, width: int) -> int:
+    """SHORT of the one-program kernel: rows of at most this many live columns are held
+    whole (WHOLE_ROW_KEYS per thread at the config's warps); 0 when `cfg.short_rows` is
+    off, or that tile would hold no more than k columns or no fewer than the row's width."""
+    short = 32 * cfg.num_warps * WHOLE_ROW_KEYS
+    if cfg.short_rows and k < short < width and short <= MAX_WHOLE_ROW_COLUMNS:
+        return short
+    return 0
+
+
 def _launch_options(cfg: TopkConfig) -> dict[str, int]:
     options = {"num_warps": cfg.num_warps}
     if cfg.max_registers is not None:
@@ -1257,11 +1289,14 @@ def _plan(k: int, rows: int, width: int, config: TopkConfig | None) -> _Plan:
             )
         groups_pad = next_power_of_2(-(-width // group))
         step_groups = max(1, cfg.chunk // group)
+        short = short_row_columns(cfg, k, width)
         row_ints = cfg.capacity + k_pad + 2 * groups_pad
+        if short:  # its last bracket is staged as uint64 at the start of the row's scratch
+            row_ints = max(row_ints + row_ints % 2, 2 * RANK_KEYS.value)
         launches: tuple[dict[str, int | bool], ...] = (dict(
             K_PAD=k_pad, CAP=cfg.capacity, G=group, SG=step_groups, NG_PAD=groups_pad,
             ROW_INTS=row_ints, PTX=operand_mode() == OPERANDS_BF16X2, QUADS=width % 4 == 0,
-            PARTS=collect_parts(group, step_groups, cfg.num_warps),
+            PARTS=collect_parts(group, step_groups, cfg.num_warps), SHORT=short,
         ),)  # fmt: skip
         batch = max(1, SCRATCH_BYTES // (4 * row_ints))
     else:
