@@ -52,9 +52,10 @@ def build(backend: str, row_lens: torch.Tensor, schedule: torch.Tensor, next_n: 
     build_decode_schedule(row_lens, schedule, next_n=next_n, split_keys=SPLIT, backend=backend)
 
 
+@pytest.mark.parametrize("groups", [7, 300])  # one block of groups; several (> 128)
 @pytest.mark.parametrize("next_n", [1, 2, 3])
-def test_schedule_within_capacity(gen: torch.Generator, next_n: int) -> None:
-    groups, width = 7, 1500
+def test_schedule_within_capacity(gen: torch.Generator, next_n: int, groups: int) -> None:
+    width = 1500
     row_lens = torch.randint(-5, width + 1, (groups * next_n,), generator=gen).to(torch.int32)
     row_lens[:next_n] = 0  # a padding group
     for backend in ("reference", "triton"):
@@ -135,7 +136,8 @@ def test_build_decode_schedule_too_small_buffer() -> None:
 @pytest.mark.parametrize(
     ("groups", "width", "target", "split_keys"),
     [(1, 8192, 528, 2048), (3, 5000, 16, 1024), (64, 8192, 528, 2048), (5, 300, 8, 2048),
-     (1, 300000, 2000, 256), (17, 40000, 2000, 256)],  # more items than a tile holds
+     (1, 300000, 2000, 256), (17, 40000, 2000, 256),  # more items than a tile holds
+     (300, 2000, 528, 2048)],  # several blocks of groups
 )
 def test_target_items_cut_a_small_step_finer(
     gen: torch.Generator, groups: int, width: int, target: int, split_keys: int

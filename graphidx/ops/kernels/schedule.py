@@ -112,6 +112,43 @@ def _sum_over_groups(lens_ptr, derived, num_groups, split, STORE: tl.constexpr,
 
 
 @triton.jit
+def _adaptive_split(keys, target_items, SPLIT: tl.constexpr):
+    """Keys per item that spread `keys` over about target_items items: a multiple of
+    ALIGNMENT within [ALIGNMENT, SPLIT]."""
+    per_item = tl.cdiv(tl.cdiv(keys, target_items), ALIGNMENT) * ALIGNMENT
+    return tl.minimum(tl.maximum(per_item, ALIGNMENT), SPLIT).to(tl.int32)
+
+
+@triton.jit
+def _write_items(schedule_ptr, group, ok, span, split, written, complete, over, spare, extra,
+                 BLOCK_J: tl.constexpr):  # fmt: skip
+    """Write the items of one block of groups (their spans `span`) after the `written` items
+    before them; returns the items written so far. Over capacity (`over`), every group keeps
+    one item and shares the `spare` slots pro rata to its `extra` items."""
+    items = tl.where(ok, tl.maximum(tl.cdiv(span, split), 1), 0)
+    granted = tl.where(over, 1 + ((items - 1).to(tl.int64) * spare) // extra, items)
+    granted = tl.maximum(granted.to(tl.int32), 1)
+    splits_per_item = tl.cdiv(items, granted)
+    count = tl.where(ok, tl.cdiv(items, tl.maximum(splits_per_item, 1)), 0)
+    offset = written + tl.cumsum(count, axis=0) - count
+    item_keys = splits_per_item * split
+    for j_first in range(0, tl.max(count, axis=0), BLOCK_J):
+        j = j_first + tl.arange(0, BLOCK_J)
+        # where(), not `&`: the interpreter mistypes a vector & scalar bool.
+        mask = tl.where(complete, j[None, :] < count[:, None], False)
+        item = (offset[:, None] + j[None, :]).to(tl.int64) * ITEM_INTS
+        slot_ptr = schedule_ptr + HEADER_INTS + item
+        key_start = j[None, :] * item_keys[:, None]
+        key_end = tl.where(
+            j[None, :] == count[:, None] - 1, KEY_END_OPEN, key_start + item_keys[:, None]
+        )
+        tl.store(slot_ptr + ITEM_GROUP, group[:, None] + 0 * j[None, :], mask=mask)
+        tl.store(slot_ptr + ITEM_KEY_START, key_start, mask=mask)
+        tl.store(slot_ptr + ITEM_KEY_END, key_end, mask=mask)
+    return written + tl.sum(count, axis=0)
+
+
+@triton.jit
 def _build_schedule_kernel(
     lens_ptr,
     schedule_ptr,
@@ -130,17 +167,30 @@ def _build_schedule_kernel(
     SPLIT: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_J: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
 ):
-    # Pass 1 (which also stores the derived values): the items at SPLIT keys, or with ADAPT
-    # the keys of all groups, for the item size that spreads them over about target_items,
-    # and then the items at that size.
+    # ONE_BLOCK (num_groups <= BLOCK_G): the spans are computed once, with the derived values
+    # stored, and every pass reuses them. Else pass 1 (which also stores the derived values)
+    # counts the items at SPLIT keys, or with ADAPT sums the keys of all groups for the item
+    # size that spreads them over about target_items and then counts the items at that size;
+    # the writing pass computes the spans again.
     split = tl.zeros([], tl.int32) + SPLIT
     group_args = (lens_ptr, derived, num_groups)
-    if ADAPT:
+    if ONE_BLOCK:
+        group = tl.arange(0, BLOCK_G)
+        ok = group < num_groups
+        span = _group_spans(
+            lens_ptr, derived, group, ok, DERIVE, DERIVE, ROWS, ROWS_PAD, NEXT_N, R, C
+        )
+        span = tl.where(ok, span, 0)
+        if ADAPT:
+            split = _adaptive_split(tl.sum(span.to(tl.int64), axis=0), target_items, SPLIT)
+        items = tl.where(ok, tl.maximum(tl.cdiv(span, split), 1), 0)
+        total = tl.sum(items.to(tl.int64), axis=0)
+    elif ADAPT:
         keys = _sum_over_groups(*group_args, split, DERIVE, True, DERIVE, ROWS, ROWS_PAD,
                                 NEXT_N, R, C, BLOCK_G)  # fmt: skip
-        per_item = tl.cdiv(tl.cdiv(keys, target_items), ALIGNMENT) * ALIGNMENT
-        split = tl.minimum(tl.maximum(per_item, ALIGNMENT), SPLIT).to(tl.int32)
+        split = _adaptive_split(keys, target_items, SPLIT)
         total = _sum_over_groups(*group_args, split, False, False, DERIVE, ROWS, ROWS_PAD,
                                  NEXT_N, R, C, BLOCK_G)  # fmt: skip
     else:
@@ -149,37 +199,21 @@ def _build_schedule_kernel(
     if WRITE_SCHEDULE:
         complete = num_groups <= capacity
         over = total > capacity
-        # Over capacity, every group keeps one item and shares the spare slots pro rata.
         spare = (capacity - num_groups).to(tl.int64)
         extra = tl.maximum(total - num_groups, 1)
         written = tl.zeros([], tl.int32)
-        for first in range(0, num_groups, BLOCK_G):
-            group = first + tl.arange(0, BLOCK_G)
-            ok = group < num_groups
-            span = _group_spans(
-                lens_ptr, derived, group, ok, False, DERIVE, ROWS, ROWS_PAD, NEXT_N, R, C
-            )
-            items = tl.where(ok, tl.maximum(tl.cdiv(span, split), 1), 0)
-            granted = tl.where(over, 1 + ((items - 1).to(tl.int64) * spare) // extra, items)
-            granted = tl.maximum(granted.to(tl.int32), 1)
-            splits_per_item = tl.cdiv(items, granted)
-            count = tl.where(ok, tl.cdiv(items, tl.maximum(splits_per_item, 1)), 0)
-            offset = written + tl.cumsum(count, axis=0) - count
-            item_keys = splits_per_item * split
-            for j_first in range(0, tl.max(count, axis=0), BLOCK_J):
-                j = j_first + tl.arange(0, BLOCK_J)
-                # where(), not `&`: the interpreter mistypes a vector & scalar bool.
-                mask = tl.where(complete, j[None, :] < count[:, None], False)
-                item = (offset[:, None] + j[None, :]).to(tl.int64) * ITEM_INTS
-                slot_ptr = schedule_ptr + HEADER_INTS + item
-                key_start = j[None, :] * item_keys[:, None]
-                key_end = tl.where(
-                    j[None, :] == count[:, None] - 1, KEY_END_OPEN, key_start + item_keys[:, None]
+        if ONE_BLOCK:
+            written = _write_items(schedule_ptr, group, ok, span, split, written, complete,
+                                   over, spare, extra, BLOCK_J)  # fmt: skip
+        else:
+            for first in range(0, num_groups, BLOCK_G):
+                group = first + tl.arange(0, BLOCK_G)
+                ok = group < num_groups
+                span = _group_spans(
+                    lens_ptr, derived, group, ok, False, DERIVE, ROWS, ROWS_PAD, NEXT_N, R, C
                 )
-                tl.store(slot_ptr + ITEM_GROUP, group[:, None] + 0 * j[None, :], mask=mask)
-                tl.store(slot_ptr + ITEM_KEY_START, key_start, mask=mask)
-                tl.store(slot_ptr + ITEM_KEY_END, key_end, mask=mask)
-            written += tl.sum(count, axis=0)
+                written = _write_items(schedule_ptr, group, ok, span, split, written,
+                                       complete, over, spare, extra, BLOCK_J)  # fmt: skip
         tl.store(schedule_ptr + ITEM_COUNT, tl.where(complete, written, 0))
         tl.store(schedule_ptr + GROUP_COUNT, num_groups)
         tl.store(schedule_ptr + GROUP_ROWS, ROWS)
@@ -222,6 +256,7 @@ def _launch(
         SPLIT=split_keys,
         BLOCK_G=block_g,
         BLOCK_J=block_j,
+        ONE_BLOCK=num_groups <= block_g,
         num_warps=4,
     )
 
