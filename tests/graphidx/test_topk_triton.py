@@ -133,6 +133,24 @@ def test_short_rows_of_a_wide_buffer_held_whole(
     run(logits, lengths, k, config)
 
 
+@pytest.mark.parametrize("k", [1, 40, 100])
+def test_short_rows_cut_into_narrower_groups(gen: torch.Generator, k: int) -> None:
+    """P = 1 without the whole-row tile: a row of at most width >> t live columns is cut
+    into groups of G >> t columns (tiers down to 4-column groups); lengths on both sides of
+    every tier's bound, exact. Also the tier counts `_plan` derives."""
+    width = 2600
+    config = dataclasses.replace(small_config(k, 1), short_rows=False)
+    group = topk_kernels.group_columns(width, config.groups)
+    assert (group, topk_kernels.group_tiers(group, width, 0)) == (128, 5)
+    assert topk_kernels.group_tiers(32, 163840, 8192) == 3  # V3.2's rows, k 2048
+    assert topk_kernels.group_tiers(8, 65536, 8192) == 1
+    logits = torch.randn(12, width, generator=gen)
+    logits[3] = torch.round(logits[3] * 2.0) / 2.0
+    lengths = torch.tensor([1300, 1301, 650, 651, 325, 326, 162, 163, 81, 80, width, 2],
+                           dtype=torch.int32)  # fmt: skip
+    run(logits, lengths, k, config)
+
+
 def tie_rows(gen: torch.Generator, width: int) -> torch.Tensor:
     rows = [
         torch.full((width,), 1.5),

@@ -182,6 +182,9 @@ MAX_WHOLE_ROW_COLUMNS = 32768
 """Widest row the whole-row path can hold (its prefix sums pack counts in 16 bits)."""
 WHOLE_ROW_KEYS = 16
 """Keys per thread the whole-row path aims at (more warps for wider rows, up to 16)."""
+MIN_TIER_GROUP = 4
+"""Narrowest group a tier of the one-program kernel cuts a short row into (the collect's
+pieces are runs of 4 columns)."""
 HALF_ROW_TIER = tl.constexpr(8192)
 """From this W_PAD on, the whole-row kernel holds a row of at most W_PAD / 2 live columns in
 a tile of half the size (same warps, half the keys per thread)."""
@@ -1015,12 +1018,17 @@ def _topk_row_kernel(
     QUADS: tl.constexpr,
     PARTS: tl.constexpr,
     SHORT: tl.constexpr,
+    TIERS: tl.constexpr,
 ):
     """P = 1: one program per row; one streaming pass, then only the listed groups (QUADS:
-    the width is a multiple of 4, `_group_tile`). A row of at most SHORT live columns
-    (SHORT > 0) is held whole in registers instead (`_whole_row_picks`, the bracket staged
-    at the start of the row's scratch): a decode row sized for the longest context but
-    holding a short one costs what its live columns cost."""
+    the width is a multiple of 4, `_group_tile`). The cost follows the row's live columns,
+    not the buffer's width (a decode row is sized for the longest context): a row of at
+    most SHORT live columns (SHORT > 0) is held whole in registers (`_whole_row_picks`, the
+    bracket staged at the start of the row's scratch); a longer one of at most width >> t
+    live columns (t <= TIERS) is cut into groups of G >> t columns, so it has between
+    NG / 2 and NG groups like a full row (NG = cdiv(width, G)) and the floor stays as
+    tight (with G columns per group a short row's few groups put the floor at their
+    smallest maximum, and the select then falls back to whole-row passes)."""
     row = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
     src = logits_ptr + row * row_stride
@@ -1030,11 +1038,28 @@ def _topk_row_kernel(
         if n <= SHORT:
             _whole_row_picks(src, dst, candidates, n, k, K_PAD, SHORT, RANK_KEYS)
         else:
-            _grouped_row_picks(src, dst, candidates, n, k, K_PAD, CAP, G, SG, NG_PAD, PTX,
-                               QUADS, PARTS)  # fmt: skip
+            _tiered_row_picks(src, dst, candidates, n, width, k, K_PAD, CAP, G, SG, NG_PAD,
+                              PTX, QUADS, PARTS, TIERS)  # fmt: skip
     else:
-        _grouped_row_picks(src, dst, candidates, n, k, K_PAD, CAP, G, SG, NG_PAD, PTX, QUADS,
-                           PARTS)  # fmt: skip
+        _tiered_row_picks(src, dst, candidates, n, width, k, K_PAD, CAP, G, SG, NG_PAD, PTX,
+                          QUADS, PARTS, TIERS)  # fmt: skip
+
+
+@triton.jit
+def _tiered_row_picks(src, dst, candidates, n, width, k, K_PAD: tl.constexpr,
+                      CAP: tl.constexpr, G: tl.constexpr, SG: tl.constexpr,
+                      NG_PAD: tl.constexpr, PTX: tl.constexpr, QUADS: tl.constexpr,
+                      PARTS: tl.constexpr, TIERS: tl.constexpr):  # fmt: skip
+    """The grouped path at tier t, the largest t <= TIERS with n <= width >> t: groups of
+    G >> t columns, SG << t of them per step (the same step), PARTS >> t pieces each."""
+    for tier in tl.static_range(TIERS + 1):
+        if tier == TIERS:
+            here = n <= (width >> tier)
+        else:
+            here = (n <= (width >> tier)) & (n > (width >> (tier + 1)))
+        if here:
+            _grouped_row_picks(src, dst, candidates, n, k, K_PAD, CAP, G >> tier, SG << tier,
+                               NG_PAD, PTX, QUADS, max(1, PARTS >> tier))  # fmt: skip
 
 
 @triton.jit
@@ -1242,6 +1267,15 @@ def short_row_columns(cfg: TopkConfig, k: int, width: int) -> int:
     return 0
 
 
+def group_tiers(group: int, width: int, short: int) -> int:
+    """TIERS of the one-program kernel: how many times a shorter row's groups may halve
+    (groups of at least MIN_TIER_GROUP columns, for rows longer than `short`)."""
+    tiers = 0
+    while group >> (tiers + 1) >= MIN_TIER_GROUP and width >> (tiers + 1) > short:
+        tiers += 1
+    return tiers
+
+
 def _launch_options(cfg: TopkConfig) -> dict[str, int]:
     options = {"num_warps": cfg.num_warps}
     if cfg.max_registers is not None:
@@ -1290,13 +1324,14 @@ def _plan(k: int, rows: int, width: int, config: TopkConfig | None) -> _Plan:
         groups_pad = next_power_of_2(-(-width // group))
         step_groups = max(1, cfg.chunk // group)
         short = short_row_columns(cfg, k, width)
+        tiers = group_tiers(group, width, short)
         row_ints = cfg.capacity + k_pad + 2 * groups_pad
         if short:  # its last bracket is staged as uint64 at the start of the row's scratch
             row_ints = max(row_ints + row_ints % 2, 2 * RANK_KEYS.value)
         launches: tuple[dict[str, int | bool], ...] = (dict(
             K_PAD=k_pad, CAP=cfg.capacity, G=group, SG=step_groups, NG_PAD=groups_pad,
             ROW_INTS=row_ints, PTX=operand_mode() == OPERANDS_BF16X2, QUADS=width % 4 == 0,
-            PARTS=collect_parts(group, step_groups, cfg.num_warps), SHORT=short,
+            PARTS=collect_parts(group, step_groups, cfg.num_warps), SHORT=short, TIERS=tiers,
         ),)  # fmt: skip
         batch = max(1, SCRATCH_BYTES // (4 * row_ints))
     else:
