@@ -67,6 +67,13 @@ thread) and the same exact search runs over all its keys (no floor, no second re
 picks are written in column order, the last bracket ranked by `_emit_ranked` when it is
 small, else the first tied columns.
 
+The cost follows a row's live columns, not its buffer's width (a FULL graph's decode rows
+are sized for the longest context): the whole-row kernel holds a row of at most W_PAD / 2
+live columns in a half tile; the one-program kernel holds a row of at most
+`short_row_columns` live columns whole, and cuts a longer one of at most width >> t columns
+into groups of G >> t (`group_tiers`), so a short row has as many groups, and as tight a
+floor, as a full one.
+
 Which path runs: `default_config(k, rows, width)` holds rows whole up to WHOLE_ROW_NARROW
 columns, and up to WHOLE_ROW_COLUMNS when k >= WHOLE_ROW_MIN_K or there are at most
 WHOLE_ROW_MAX_ROWS rows. Otherwise it doubles P from 1 while rows * P < 128,
