@@ -125,7 +125,9 @@ def test_short_rows_of_a_wide_buffer_held_whole(
     short_rows off every row takes the grouped path. Exact either way, ties and -inf too."""
     width = 2600
     config = dataclasses.replace(small_config(k, 1), short_rows=short_rows)
-    assert topk_kernels.short_row_columns(config, k, width) == (2048 if short_rows else 0)
+    group = topk_kernels.group_columns(width, config.groups)
+    padded = topk_kernels.next_power_of_2(-(-width // group)) * group
+    assert topk_kernels.short_row_columns(config, k, padded) == (2048 if short_rows else 0)
     logits = torch.randn(8, width, generator=gen)
     logits[1] = torch.round(logits[1] * 2.0) / 2.0
     logits[2, ::3] = NEG_INF
@@ -141,9 +143,9 @@ def test_short_rows_cut_into_narrower_groups(gen: torch.Generator, k: int) -> No
     width = 2600
     config = dataclasses.replace(small_config(k, 1), short_rows=False)
     group = topk_kernels.group_columns(width, config.groups)
-    assert (group, topk_kernels.group_tiers(group, width, 0)) == (128, 5)
-    assert topk_kernels.group_tiers(32, 163840, 8192) == 3  # V3.2's rows, k 2048
-    assert topk_kernels.group_tiers(8, 65536, 8192) == 1
+    assert (group, topk_kernels.group_tiers(group)) == (128, 5)
+    assert topk_kernels.group_tiers(32) == 3  # V3.2's rows of 163840 columns, k 2048
+    assert topk_kernels.group_tiers(8) == 1
     logits = torch.randn(12, width, generator=gen)
     logits[3] = torch.round(logits[3] * 2.0) / 2.0
     lengths = torch.tensor([1300, 1301, 650, 651, 325, 326, 162, 163, 81, 80, width, 2],

@@ -1264,21 +1264,24 @@ def collect_parts(group: int, step_groups: int, num_warps: int) -> int:
     return max(1, min(32 * num_warps // step_groups, group // 4))
 
 
-def short_row_columns(cfg: TopkConfig, k: int, width: int) -> int:
+def short_row_columns(cfg: TopkConfig, k: int, padded_width: int) -> int:
     """SHORT of the one-program kernel: rows of at most this many live columns are held
     whole (WHOLE_ROW_KEYS per thread at the config's warps); 0 when `cfg.short_rows` is
-    off, or that tile would hold no more than k columns or no fewer than the row's width."""
+    off, or that tile would hold no more than k columns or no fewer than `padded_width`
+    (the row's groups padded to a power of two: like every constexpr of the kernel, a
+    function of the width's specialization class, so that one warm-up width covers it)."""
     short = 32 * cfg.num_warps * WHOLE_ROW_KEYS
-    if cfg.short_rows and k < short < width and short <= MAX_WHOLE_ROW_COLUMNS:
+    if cfg.short_rows and k < short < padded_width and short <= MAX_WHOLE_ROW_COLUMNS:
         return short
     return 0
 
 
-def group_tiers(group: int, width: int, short: int) -> int:
+def group_tiers(group: int) -> int:
     """TIERS of the one-program kernel: how many times a shorter row's groups may halve
-    (groups of at least MIN_TIER_GROUP columns, for rows longer than `short`)."""
+    (groups of at least MIN_TIER_GROUP columns). Tiers whose rows the SHORT hold takes
+    never run; they depend on the group width alone, as the other constexprs do."""
     tiers = 0
-    while group >> (tiers + 1) >= MIN_TIER_GROUP and width >> (tiers + 1) > short:
+    while group >> (tiers + 1) >= MIN_TIER_GROUP:
         tiers += 1
     return tiers
 
@@ -1330,8 +1333,8 @@ def _plan(k: int, rows: int, width: int, config: TopkConfig | None) -> _Plan:
             )
         groups_pad = next_power_of_2(-(-width // group))
         step_groups = max(1, cfg.chunk // group)
-        short = short_row_columns(cfg, k, width)
-        tiers = group_tiers(group, width, short)
+        short = short_row_columns(cfg, k, groups_pad * group)
+        tiers = group_tiers(group)
         row_ints = cfg.capacity + k_pad + 2 * groups_pad
         if short:  # its last bracket is staged as uint64 at the start of the row's scratch
             row_ints = max(row_ints + row_ints % 2, 2 * RANK_KEYS.value)
