@@ -1032,8 +1032,9 @@ def _topk_row_kernel(
     not the buffer's width (a decode row is sized for the longest context): a row of at
     most SHORT live columns (SHORT > 0) is held whole in registers (`_whole_row_picks`, the
     bracket staged at the start of the row's scratch); a longer one of at most width >> t
-    live columns (t <= TIERS) is cut into groups of G >> t columns, so it has between
-    NG / 2 and NG groups like a full row (NG = cdiv(width, G)) and the floor stays as
+    live columns (t <= TIERS) is cut into groups of G >> t columns, so (for rows longer than
+    width >> (TIERS + 1)) it has between NG / 2 and NG groups like a full row
+    (NG = cdiv(width, G)) and the floor stays as
     tight (with G columns per group a short row's few groups put the floor at their
     smallest maximum, and the select then falls back to whole-row passes)."""
     row = tl.program_id(0).to(tl.int64)
