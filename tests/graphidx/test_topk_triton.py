@@ -143,9 +143,11 @@ def test_short_rows_cut_into_narrower_groups(gen: torch.Generator, k: int) -> No
     width = 2600
     config = dataclasses.replace(small_config(k, 1), short_rows=False)
     group = topk_kernels.group_columns(width, config.groups)
-    assert (group, topk_kernels.group_tiers(group)) == (128, 5)
-    assert topk_kernels.group_tiers(32) == 3  # V3.2's rows of 163840 columns, k 2048
-    assert topk_kernels.group_tiers(8) == 1
+    assert (group, topk_kernels.group_tiers(group, 4096, 0)) == (128, 5)
+    assert topk_kernels.group_tiers(128, 4096, 2048) == 0  # every shorter row is held whole
+    assert topk_kernels.group_tiers(32, 262144, 8192) == 3  # V3.2's 163840 columns, k 2048
+    assert topk_kernels.group_tiers(8, 65536, 8192) == 1
+    assert topk_kernels._plan(k, 12, width, config).constexprs[0]["TIERS"] == 5
     logits = torch.randn(12, width, generator=gen)
     logits[3] = torch.round(logits[3] * 2.0) / 2.0
     lengths = torch.tensor([1300, 1301, 650, 651, 325, 326, 162, 163, 81, 80, width, 2],

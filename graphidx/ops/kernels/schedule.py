@@ -1,11 +1,13 @@
 """Triton builder of the decode work schedule (format: graphidx.ops.schedule_format).
 
 One program writes the schedule buffer on the device, so building it is part of the step's
-device work and never a host sync. Two passes over the groups in blocks of BLOCK_G: the first
-counts items (to know whether the buffer's capacity suffices), the second writes each group's
-items with one masked 2-D store per block of BLOCK_J items (`block_sizes`). With ADAPT (a
-target item count) the first pass sums the groups' keys instead, the item size is chosen
-from that sum, and a counting pass at that size runs before the writing one.
+device work and never a host sync. A step of at most BLOCK_G groups computes their spans
+once and every pass reuses them; a larger one makes two passes over the groups in blocks of
+BLOCK_G: the first counts items (to know whether the buffer's capacity suffices), the second
+writes each group's items with one masked 2-D store per block of BLOCK_J items
+(`block_sizes`). With ADAPT (a target item count) the first pass sums the groups' keys
+instead, the item size is chosen from that sum, and a counting pass at that size runs before
+the writing one.
 
 With DERIVE the same program is the captured uniform-decode step's metadata: the group spans
 come from the persistent request lengths and the live-request count instead of `row_lens`,

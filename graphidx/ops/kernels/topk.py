@@ -68,11 +68,11 @@ picks are written in column order, the last bracket ranked by `_emit_ranked` whe
 small, else the first tied columns.
 
 The cost follows a row's live columns, not its buffer's width (a FULL graph's decode rows
-are sized for the longest context): the whole-row kernel holds a row of at most W_PAD / 2
-live columns in a half tile; the one-program kernel holds a row of at most
-`short_row_columns` live columns whole, and cuts a longer one of at most width >> t columns
-into groups of G >> t (`group_tiers`), so a short row has as many groups, and as tight a
-floor, as a full one.
+are sized for the longest context): from W_PAD = HALF_ROW_TIER on, the whole-row kernel
+holds a row of at most W_PAD / 2 live columns in a half tile; the one-program kernel holds a
+row of at most `short_row_columns` live columns whole, and cuts a longer one of at most
+width >> t columns into groups of G >> t (`group_tiers`), so a short row has as many groups,
+and as tight a floor, as a full one.
 
 Which path runs: `default_config(k, rows, width)` holds rows whole up to WHOLE_ROW_NARROW
 columns, and up to WHOLE_ROW_COLUMNS when k >= WHOLE_ROW_MIN_K or there are at most
@@ -1131,7 +1131,9 @@ def _topk_whole_row_kernel(
 @triton.jit
 def _whole_row_picks(src, dst, stage, n, k, K_PAD: tl.constexpr, W: tl.constexpr,
                      BRACKET: tl.constexpr):  # fmt: skip
-    """`_topk_whole_row_kernel`'s picks of one row of n <= W columns, held in a W-key tile."""
+    """The picks of one row of n <= W columns, held in a W-key tile (the whole-row kernel's,
+    and the one-program kernel's for rows of at most SHORT columns); `stage` holds the
+    last bracket's 2 * BRACKET ints, 8-byte aligned."""
     RUN: tl.constexpr = 4 if W >= 4 else 1
     col = tl.arange(0, W // RUN)[:, None] * RUN + tl.arange(0, RUN)[None, :]
     key = _load_keys(src, col, col < n, True)
@@ -1277,12 +1279,14 @@ def short_row_columns(cfg: TopkConfig, k: int, padded_width: int) -> int:
     return 0
 
 
-def group_tiers(group: int) -> int:
+def group_tiers(group: int, padded_width: int, short: int) -> int:
     """TIERS of the one-program kernel: how many times a shorter row's groups may halve
-    (groups of at least MIN_TIER_GROUP columns). Tiers whose rows the SHORT hold takes
-    never run; they depend on the group width alone, as the other constexprs do."""
+    (groups of at least MIN_TIER_GROUP columns), stopping before a tier whose rows all fit
+    the SHORT hold (it would never run). From the group width and `padded_width` (the
+    row's groups padded to a power of two), as the other constexprs are, so one warm-up
+    width covers its class."""
     tiers = 0
-    while group >> (tiers + 1) >= MIN_TIER_GROUP:
+    while group >> (tiers + 1) >= MIN_TIER_GROUP and padded_width >> (tiers + 1) > short:
         tiers += 1
     return tiers
 
@@ -1335,7 +1339,7 @@ def _plan(k: int, rows: int, width: int, config: TopkConfig | None) -> _Plan:
         groups_pad = next_power_of_2(-(-width // group))
         step_groups = max(1, cfg.chunk // group)
         short = short_row_columns(cfg, k, groups_pad * group)
-        tiers = group_tiers(group)
+        tiers = group_tiers(group, groups_pad * group, short)
         row_ints = cfg.capacity + k_pad + 2 * groups_pad
         if short:  # its last bracket is staged as uint64 at the start of the row's scratch
             row_ints = max(row_ints + row_ints % 2, 2 * RANK_KEYS.value)
