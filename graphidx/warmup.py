@@ -446,7 +446,7 @@ def _pool_worker(index: int, job: PoolJob, queue: Any) -> None:
     (never launch) the keys it owns; one queue message per key compiled."""
     if job.device.type == "cuda":
         torch.cuda.set_device(job.device)
-    from graphidx.ops.kernels.launch import settle_hashes
+    from graphidx.ops.kernels.launch import settle_hashes, with_dependent_launch
 
     settle_hashes()  # the serving process hashes the kernels in this same order
     runner = job.runner()
@@ -458,7 +458,8 @@ def _pool_worker(index: int, job: PoolJob, queue: Any) -> None:
     ) -> None:
         key = launch_key(kernel, args, kwargs)
         if key in owned and key not in done:
-            _load(kernel.warmup(*args, grid=grid, **kwargs))
+            # The options `launch` adds, so the serving process finds this very variant.
+            _load(kernel.warmup(*args, grid=grid, **with_dependent_launch(args, kwargs)))
             done.add(key)
             queue.put(1)
 

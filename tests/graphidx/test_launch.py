@@ -78,7 +78,7 @@ def test_only_calls_of_the_call_sites_shape_are_cached() -> None:
     assert compiled.keyable((x, 5), {"BLOCK": 4, "EXTRA": 1, "num_warps": 4})
     assert not compiled.keyable((x, 5, 4), {"EXTRA": 1})  # a constexpr positionally
     assert not compiled.keyable((x, 5), {"BLOCK": 4})  # a default left to Triton
-    assert not compiled.keyable((x, 5), {"BLOCK": 4, "EXTRA": 1, "launch_pdl": False})
+    assert not compiled.keyable((x, 5), {"BLOCK": 4, "EXTRA": 1, "launch_cooperative_grid": True})
     assert not compiled.keyable((x,), {"n": 5, "BLOCK": 4, "EXTRA": 1})  # runtime by name
 
 
@@ -168,3 +168,73 @@ def test_kernel_hashes_do_not_depend_on_the_order_they_are_asked_for() -> None:
         for seed in (1, 2, 3)
     }
     assert len(digests) == 1, digests
+
+
+def _kernels() -> list[object]:
+    """Every JIT kernel (a `*_kernel` function) defined in graphidx.ops.kernels."""
+    import importlib
+    import pkgutil
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    import graphidx.ops.kernels as package
+
+    found = []
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        found += [
+            v
+            for v in vars(module).values()
+            if isinstance(v, (JITFunction, InterpretedFunction))
+            and v.fn.__module__ == module.__name__
+            and v.fn.__name__.endswith("_kernel")
+        ]
+    return found
+
+
+def test_every_kernel_waits_for_the_kernel_before_it_first() -> None:
+    """Under programmatic dependent launch kernel N's programs run while kernel N - 1 may
+    still run; N finishing means N - 1 finished only if every program of every kernel waits
+    (`wait_for_prior_kernels`) before anything else."""
+    import ast
+    import inspect
+    import textwrap
+
+    kernels = _kernels()
+    assert len(kernels) >= 13
+    for kernel in kernels:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(kernel.fn)))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        first = body[0]
+        assert (
+            isinstance(first, ast.Expr)
+            and isinstance(first.value, ast.Call)
+            and getattr(first.value.func, "id", None) == "wait_for_prior_kernels"
+        ), kernel.fn.__qualname__
+
+
+def test_dependent_launch_only_for_cuda_tensors_where_the_device_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CPU arguments (and the interpreter) never get `launch_pdl`; on an sm_90+ GPU every
+    launch does unless GRAPHIDX_PDL=0."""
+    kwargs = {"BLOCK": 4}
+    assert launch_module.with_dependent_launch((torch.zeros(4),), kwargs) == kwargs
+    assert launch_module.with_dependent_launch((), kwargs) == kwargs
+    if not torch.cuda.is_available() or torch.version.hip is not None:
+        return
+    from graphidx.ops.backend import device_capability, triton_interpreted
+
+    device = torch.cuda.current_device()
+    expected = not triton_interpreted() and device_capability(device) >= (9, 0)
+    x = torch.zeros(4, device="cuda")
+    launch_module.dependent_launch.cache_clear()
+    got = launch_module.with_dependent_launch((x,), kwargs)
+    assert got.get("launch_pdl", False) is expected and kwargs == {"BLOCK": 4}
+    monkeypatch.setenv("GRAPHIDX_PDL", "0")
+    launch_module.dependent_launch.cache_clear()
+    assert launch_module.with_dependent_launch((x,), kwargs) == kwargs
+    launch_module.dependent_launch.cache_clear()

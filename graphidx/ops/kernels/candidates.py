@@ -24,6 +24,7 @@ import triton.language as tl
 from graphidx.config import cdiv
 from graphidx.ops.kernels import next_power_of_2
 from graphidx.ops.kernels.launch import launch
+from graphidx.ops.kernels.ptx import wait_for_prior_kernels
 
 INT32_MAX = 2**31 - 1
 _INT32_MAX_TL = tl.constexpr(INT32_MAX)
@@ -80,6 +81,7 @@ def _resolve_pool_kernel(
     MARKS: tl.constexpr,
     TILE: tl.constexpr,
 ):
+    wait_for_prior_kernels()
     program = tl.program_id(0).to(tl.int64)
     marks = marks_ptr + program * MARKS
     slot = tl.arange(0, BLOCK)
@@ -115,6 +117,7 @@ def _sort_starts_kernel(
     BLOCK: tl.constexpr,
     SENTINEL: tl.constexpr,
 ):
+    wait_for_prior_kernels()
     row = tl.program_id(0).to(tl.int64)
     slot = tl.arange(0, BLOCK)
     starts = tl.load(positions_ptr + row * pos_row_stride + slot, mask=slot < pool_blocks, other=-1)
@@ -133,6 +136,7 @@ def _mask_columns_kernel(
     STARTS: tl.constexpr,
     LOG2_STARTS: tl.constexpr,
 ):
+    wait_for_prior_kernels()
     row = tl.program_id(0).to(tl.int64)
     column = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     starts = sorted_ptr + row * STARTS

@@ -54,7 +54,7 @@ from graphidx.ops.kernels.mxfp4_tl import (
     seq_of_row,
     tile_scores,
 )
-from graphidx.ops.kernels.ptx import store_b32
+from graphidx.ops.kernels.ptx import store_b32, wait_for_prior_kernels
 
 GATHER_SPLIT_COLUMNS = 2048
 """Compact columns per program by default: amortizes the Q decode and fills the GPU at 128
@@ -302,6 +302,7 @@ def _gather_logits_kernel(
     LINE_RUN: tl.constexpr,
     FP8: tl.constexpr,
 ):
+    wait_for_prior_kernels()
     row = tl.program_id(0)
     col_start = tl.program_id(1) * SPLIT
     if GROUPING == 1:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
@@ -388,6 +389,7 @@ def _remap_kernel(
     C: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    wait_for_prior_kernels()
     row = tl.program_id(0).to(tl.int64)
     slot = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     in_row = slot < k

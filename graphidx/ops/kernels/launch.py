@@ -31,11 +31,20 @@ function of `graphidx.ops.kernels` once, in one fixed order (by module, then nam
 calls it before it first uses a kernel as a key, and a warm-up worker before it compiles
 (`graphidx.specializations` keys kernels by identity, hashing none), so a serving process
 finds what the workers compiled.
+
+On NVIDIA compute capability 9.0 and newer every launch uses programmatic dependent launch
+(`launch_pdl`, `with_dependent_launch`): the GPU sets a kernel up while the kernel before it in
+the stream still runs, and its programs wait for that one in `wait_for_prior_kernels`
+(graphidx.ops.kernels.ptx), the first statement of every graphidx kernel. On the H200 this
+took 1-6 us off the V3.2 and V4.1 decode graphs at batch 1 (docs/perf-notes.md).
+`GRAPHIDX_PDL=0` in the environment turns it off (read once per device).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import pkgutil
 from typing import Any
 
@@ -43,9 +52,9 @@ import torch
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-from graphidx.ops.backend import triton_interpreted
+from graphidx.ops.backend import device_capability, triton_interpreted
 
-_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg"})
+_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl"})
 _INT32 = (-(2**31), 2**31)
 _INT64 = (-(2**63), 2**63)
 
@@ -152,12 +161,38 @@ def _kernel(kernel: Any) -> _Compiled:
     return compiled
 
 
+@functools.cache
+def dependent_launch(device: int) -> bool:
+    """Whether kernels on CUDA device `device` launch with programmatic dependent launch: an
+    NVIDIA GPU of compute capability >= 9.0, Triton compiling (not interpreting), and
+    GRAPHIDX_PDL not "0" (module docstring)."""
+    if triton_interpreted() or torch.version.hip is not None:
+        return False
+    return os.environ.get("GRAPHIDX_PDL", "1") != "0" and device_capability(device) >= (9, 0)
+
+
+def with_dependent_launch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` plus `launch_pdl=True` when this launch (its first argument a CUDA tensor on
+    the current device) uses programmatic dependent launch; the options `launch` gives
+    Triton, and so the ones a warm-up must compile a launch's variant with."""
+    first = args[0] if args else None
+    if (
+        isinstance(first, torch.Tensor)
+        and first.is_cuda
+        and dependent_launch(torch.cuda.current_device())
+    ):
+        return {**kwargs, "launch_pdl": True}
+    return kwargs
+
+
 def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
     """`kernel[grid](*args, **kwargs)`, with the host work of Triton's launch skipped once
-    this specialization ran once (module docstring). `grid`: 1 to 3 ints; `args[0]` a tensor
-    (the direct path needs it on a CUDA device)."""
+    this specialization ran once, and programmatic dependent launch where the device has it
+    (module docstring). `grid`: 1 to 3 ints; `args[0]` a tensor (the direct path needs it on
+    a CUDA device)."""
     compiled = _kernel(kernel)
     first = args[0] if args else None
+    kwargs = with_dependent_launch(args, kwargs)
     if (
         not compiled.direct
         or not isinstance(first, torch.Tensor)
@@ -188,4 +223,10 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
     )
 
 
-__all__ = ["launch", "settle_hashes", "specialization_key"]
+__all__ = [
+    "dependent_launch",
+    "launch",
+    "settle_hashes",
+    "specialization_key",
+    "with_dependent_launch",
+]

@@ -69,7 +69,7 @@ from graphidx.ops.kernels.mxfp4_tl import (
     tile_scores,
     tile_split,
 )
-from graphidx.ops.kernels.ptx import store_b32
+from graphidx.ops.kernels.ptx import store_b32, wait_for_prior_kernels
 from graphidx.ops.kernels.schedule import (
     COMPLETE,
     GROUP_COUNT,
@@ -810,6 +810,7 @@ def _logits_static_kernel(
     SPLIT: tl.constexpr,
 ):
     """Grid (groups, key splits): program (g, i) scores keys [i * SPLIT, (i + 1) * SPLIT)."""
+    wait_for_prior_kernels()
     key_start = tl.program_id(1) * SPLIT
     ptrs = (q_ptr, q_scale_ptr, kv_ptr, w_ptr, ctx_ptr, bt_ptr, row_ends_ptr, out_ptr, bs_ptr,
             qsl_ptr)  # fmt: skip
@@ -876,6 +877,7 @@ def _logits_scheduled_kernel(
     incomplete is not trusted: the programs then walk the static (group, split) grid
     instead, slower for skewed steps but exact.
     """
+    wait_for_prior_kernels()
     count = tl.load(schedule_ptr + ITEM_COUNT)
     header_groups = tl.load(schedule_ptr + GROUP_COUNT)
     header_next_n = tl.load(schedule_ptr + GROUP_ROWS)
@@ -930,6 +932,7 @@ def _clean_kernel(
     BLOCK: tl.constexpr,
 ):
     """-inf over columns [n, W) of row r and, with block scores, blocks [ceil(n / C), NB)."""
+    wait_for_prior_kernels()
     row = tl.program_id(0)
     if GROUPING == 1:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
         seq = seq_of_row(row, qsl_ptr, num_seqs)

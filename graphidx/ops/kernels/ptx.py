@@ -1,5 +1,6 @@
 """Inline-PTX memory operations for the NVIDIA kernels: stores issued from a tensor's own
-layout, byte loads into whole registers, and L1 / L2 prefetches.
+layout, byte loads into whole registers, L1 / L2 prefetches, and the grid dependency wait of
+programmatic dependent launch (`wait_for_prior_kernels`).
 
 Each helper takes `PTX`, a constexpr that is true when the kernel is compiled for an NVIDIA GPU
 (`operand_mode() == OPERANDS_BF16X2`). Without it (ROCm, the interpreter) the store is a plain
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.target_info import cuda_capability_geq
 
 _PREDICATED = "{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p {} mov.b32 $0, 0; }}"
 STORE_ASM = tl.constexpr(_PREDICATED.format("st.global.b32 [$1], $3;"))
@@ -109,4 +111,21 @@ def prefetch_l2(ptrs, mask, PTX: tl.constexpr):
     _prefetch_lines(PREFETCH_L2_ASM, ptrs, mask, PTX)
 
 
-__all__ = ["load_byte_b32", "prefetch_l1", "prefetch_l2", "store_b32"]
+@triton.jit
+def wait_for_prior_kernels():
+    """The first statement of every graphidx kernel. On NVIDIA sm_90+ (`griddepcontrol.wait`):
+    wait until the kernels before this one in the stream have finished and their writes are
+    visible. Launched with programmatic dependent launch (`graphidx.ops.kernels.launch`), a
+    kernel is set up while its predecessor still runs and its programs start as soon as the
+    predecessor's end, which shortens the gap between two kernels of a graph; launched
+    without it, the wait returns at once. Every program waits before it reads or writes
+    anything, even one that then exits, so kernel N finishing still means that kernel N - 1
+    finished. No kernel signals its dependents early (`griddepcontrol.launch_dependents`):
+    waiting programs then sit on the SMs beside the running kernel, and on the H200 that
+    slowed a candidate gather by ~10% (docs/perf-notes.md). Nothing elsewhere (ROCm, the
+    interpreter, older GPUs)."""
+    if cuda_capability_geq(9, 0):
+        tl.extra.cuda.gdc_wait()
+
+
+__all__ = ["load_byte_b32", "prefetch_l1", "prefetch_l2", "store_b32", "wait_for_prior_kernels"]

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from graphidx.ops import schedule_format as fmt
 from graphidx.ops.kernels.launch import launch
+from graphidx.ops.kernels.ptx import wait_for_prior_kernels
 
 # Module globals a jit function reads must be constexprs: the schedule format's slots, for
 # this builder and for the logits kernels that read the schedule.
@@ -171,6 +172,7 @@ def _build_schedule_kernel(
     BLOCK_J: tl.constexpr,
     ONE_BLOCK: tl.constexpr,
 ):
+    wait_for_prior_kernels()
     # ONE_BLOCK (num_groups <= BLOCK_G): the spans are computed once, with the derived values
     # stored, and every pass reuses them. Else pass 1 (which also stores the derived values)
     # counts the items at SPLIT keys, or with ADAPT sums the keys of all groups for the item

@@ -96,7 +96,7 @@ import triton.language as tl
 
 from graphidx.ops.kernels import OPERANDS_BF16X2, next_power_of_2, operand_mode
 from graphidx.ops.kernels.launch import launch
-from graphidx.ops.kernels.ptx import store_b32
+from graphidx.ops.kernels.ptx import store_b32, wait_for_prior_kernels
 
 KEY_NEG_INF = tl.constexpr(0x007FFFFF)
 """_order_key(-inf): every key <= this is never picked (a constexpr global for the kernels)."""
@@ -1037,6 +1037,7 @@ def _topk_row_kernel(
     (NG = cdiv(width, G)) and the floor stays as
     tight (with G columns per group a short row's few groups put the floor at their
     smallest maximum, and the select then falls back to whole-row passes)."""
+    wait_for_prior_kernels()
     row = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
     src = logits_ptr + row * row_stride
@@ -1114,6 +1115,7 @@ def _topk_whole_row_kernel(
     live columns is held in a tile of half the size, so the search's cost follows the live
     columns rather than the buffer's width (a decode row sized for the longest context
     holds a shorter one)."""
+    wait_for_prior_kernels()
     row = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
     src = logits_ptr + row * row_stride
@@ -1173,6 +1175,7 @@ def _split_floor_kernel(
 ):
     """P > 1, grid (P, rows): program s writes the maxima of groups [s * GS, (s + 1) * GS);
     the row's last program to arrive turns all GROUPS maxima into the row's floor."""
+    wait_for_prior_kernels()
     piece = tl.program_id(0) * GS
     row = tl.program_id(1).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
@@ -1211,6 +1214,7 @@ def _split_collect_kernel(
 ):
     """P > 1, grid (P, rows): program s collects its groups' columns above the row's floor;
     the row's last program to arrive selects."""
+    wait_for_prior_kernels()
     piece = tl.program_id(0) * GS
     row = tl.program_id(1).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
