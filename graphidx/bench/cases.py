@@ -18,7 +18,7 @@ import torch
 
 from graphidx.bench.checks import check_topk_picks, chunk_maxima, compare_logits
 from graphidx.bench.inputs import random_block_table, random_kv_cache, random_queries
-from graphidx.bench.roofline import CaseResult, Ceilings, floor_us
+from graphidx.bench.roofline import CaseResult, Ceilings, floor_us, timed_result
 from graphidx.bench.timing import synchronize, time_case, time_us
 from graphidx.config import cdiv
 from graphidx.mxfp4 import cache_layout
@@ -111,15 +111,10 @@ def dense_decode_case(
         next_n=next_n, page_entries=page_entries, backend="reference",
     )  # fmt: skip
     check = compare_logits(out[sample], want, precision)
-    elapsed, timing = time_case(run)
-    notes.update(timing)
     row_lens = [max(0, min(end, contexts[r // next_n])) for r, end in enumerate(ends)]
     bytes_moved, flops = _logits_bytes_flops(row_lens, sum(contexts), rows, num_heads)
     shape = f"H{num_heads} next_n {next_n}, {seqs} seqs, {sum(contexts)} keys, {precision}"
-    return CaseResult(
-        name, shape, elapsed, bytes_moved, flops, floor_us(bytes_moved, flops, ceilings), check,
-        notes,
-    )  # fmt: skip
+    return timed_result(name, shape, run, bytes_moved, flops, ceilings, check, notes)
 
 
 def prefill_case(
@@ -167,13 +162,9 @@ def prefill_case(
         )  # fmt: skip
         checks.append(compare_logits(out[part], want, precision))
     check = next((c for c in checks if c != "OK"), "OK")
-    elapsed, timing = time_case(run)
     bytes_moved, flops = _logits_bytes_flops(ends, context, rows, num_heads)
     shape = f"H{num_heads}, {rows} rows x {context} keys (causal), {precision}"
-    return CaseResult(
-        name, shape, elapsed, bytes_moved, flops, floor_us(bytes_moved, flops, ceilings), check,
-        timing,
-    )  # fmt: skip
+    return timed_result(name, shape, run, bytes_moved, flops, ceilings, check)
 
 
 def gather_case(
@@ -234,7 +225,6 @@ def gather_case(
     want = torch.full((CHECK_SEQS * next_n, width), float("nan"), device=device)
     launch("reference", CHECK_SEQS, want)
     check = compare_logits(out[: CHECK_SEQS * next_n], want, precision)
-    elapsed, timing = time_case(run)
     scored = rows * width
     bytes_moved = float(
         scored * ENTRY_BYTES  # every gathered key read once per row
@@ -246,10 +236,7 @@ def gather_case(
     shape = (
         f"H{num_heads}, {rows} rows x {width} cols (C={block_size}), context {context}, {precision}"
     )
-    return CaseResult(
-        name, shape, elapsed, bytes_moved, flops, floor_us(bytes_moved, flops, ceilings), check,
-        timing,
-    )  # fmt: skip
+    return timed_result(name, shape, run, bytes_moved, flops, ceilings, check)
 
 
 TOPK_SPLITS = (1, 2, 4, 8, 16)

@@ -48,9 +48,14 @@ def _fp8_cache(blocks: int, device: torch.device) -> torch.Tensor:
 
 
 def peer_v32_step(
-    context: int, batches: tuple[int, ...] = STEP_BATCHES, num_heads: int = 64, next_n: int = 2
+    context: int,
+    batches: tuple[int, ...] = STEP_BATCHES,
+    num_heads: int = 64,
+    next_n: int = 2,
+    model_len: int | None = None,
 ) -> dict[tuple[int, int], tuple[float, float]]:
-    """(context, batch) -> (step ms, graph ms) of the peer V3.2 decode layer."""
+    """(context, batch) -> (step ms, graph ms) of the peer V3.2 decode layer; its logits rows
+    `model_len` wide rounded up to whole pages (None: the context's pages)."""
     import deep_gemm
     import flashinfer.topk as flashinfer_topk
 
@@ -60,7 +65,7 @@ def peer_v32_step(
     rows: dict[tuple[int, int], tuple[float, float]] = {}
     for batch in batches:
         rows[(context, batch)] = _peer_batch(
-            deep_gemm, flashinfer_topk, sms, context, batch, num_heads, next_n
+            deep_gemm, flashinfer_topk, sms, context, batch, num_heads, next_n, model_len
         )
         print(
             f"  peer v32 {context} x {batch}: step {rows[(context, batch)][0]:.3f} ms, "
@@ -79,10 +84,12 @@ def _peer_batch(
     batch: int,
     num_heads: int,
     next_n: int,
+    model_len: int | None,
 ) -> tuple[float, float]:
     """(step ms, graph ms) of the peer layer at one batch."""
     device = torch.device("cuda")
     pages = cdiv(context, PEER_BLOCK)
+    width = max(cdiv(model_len or 0, PEER_BLOCK), pages) * PEER_BLOCK
     table = torch.randperm(batch * pages, device=device).to(torch.int32).view(batch, pages)
     cache = _fp8_cache(batch * pages, device)
     q = torch.randn(batch, next_n, num_heads, HEAD_DIM, device=device).to(torch.float8_e4m3fn)
@@ -96,7 +103,7 @@ def _peer_batch(
     def layer() -> torch.Tensor:
         schedule = deep_gemm.get_paged_mqa_logits_metadata(lens, PEER_BLOCK, sms)
         logits = deep_gemm.fp8_paged_mqa_logits(
-            q, cache, weights, lens, table, schedule, pages * PEER_BLOCK, False
+            q, cache, weights, lens, table, schedule, width, False
         )
         flat_lens.copy_(lens.view(-1))
         return flashinfer_topk.top_k_ragged_transform(logits, offsets, flat_lens, PEER_TOPK)
@@ -159,8 +166,7 @@ def deepgemm_decode_case(
     `seqs` requests of `context` keys, next_n rows each, block 64."""
     import deep_gemm
 
-    from graphidx.bench.roofline import CaseResult, floor_us
-    from graphidx.bench.timing import time_case
+    from graphidx.bench.roofline import timed_result
 
     device = torch.device("cuda")
     pages = cdiv(context, PEER_BLOCK)
@@ -194,14 +200,11 @@ def deepgemm_decode_case(
     want = _float64_scores(q[0].float(), seq_keys, weights[:next_n])
     visible = context - next_n + 1
     check = _peer_check(logits[:next_n, :visible], want[:, :visible])
-    elapsed, timing = time_case(run)
     keys_read = seqs * context
     bytes_moved = float(keys_read * PEER_ENTRY_BYTES + seqs * next_n * context * 4)
     flops = 2.0 * seqs * next_n * context * num_heads * HEAD_DIM
     shape = f"H{num_heads} next_n {next_n}, {seqs} seqs, {keys_read} keys, FP8 132 B/key"
-    floor = floor_us(bytes_moved, flops, ceilings)
-    return CaseResult(name, shape, elapsed, bytes_moved, flops, floor, check, timing,
-                      reference=True)  # fmt: skip
+    return timed_result(name, shape, run, bytes_moved, flops, ceilings, check, reference=True)
 
 
 def deepgemm_prefill_case(num_heads: int, rows: int, context: int, ceilings: Any) -> Any:
@@ -209,8 +212,7 @@ def deepgemm_prefill_case(num_heads: int, rows: int, context: int, ceilings: Any
     gathered), the chunk's rows causal: row r sees keys [0, context - rows + r + 1)."""
     import deep_gemm
 
-    from graphidx.bench.roofline import CaseResult, floor_us
-    from graphidx.bench.timing import time_case
+    from graphidx.bench.roofline import timed_result
 
     device = torch.device("cuda")
     keys, scales = _fp8_keys(context, device)
@@ -228,14 +230,13 @@ def deepgemm_prefill_case(num_heads: int, rows: int, context: int, ceilings: Any
     want = _float64_scores(q[sample].float(), keys.float() * scales.unsqueeze(1), weights[sample])
     visible = context - 7  # the sample's first row sees this many keys
     check = _peer_check(logits[sample, :visible], want[:, :visible])
-    elapsed, timing = time_case(run)
     scored = int((ends - starts).sum())
     bytes_moved = float(context * PEER_ENTRY_BYTES + scored * 4)
     flops = 2.0 * scored * num_heads * HEAD_DIM
     shape = f"H{num_heads}, {rows} rows x {context} keys (causal), FP8, contiguous K"
-    floor = floor_us(bytes_moved, flops, ceilings)
-    return CaseResult("DeepGEMM prefill", shape, elapsed, bytes_moved, flops, floor, check,
-                      timing, reference=True)  # fmt: skip
+    return timed_result(
+        "DeepGEMM prefill", shape, run, bytes_moved, flops, ceilings, check, reference=True
+    )
 
 
 def flashinfer_topk_case(rows: int, width: int, k: int, ceilings: Any) -> Any:
@@ -244,8 +245,7 @@ def flashinfer_topk_case(rows: int, width: int, k: int, ceilings: Any) -> Any:
     import flashinfer.topk as flashinfer_topk
 
     from graphidx.bench.checks import check_topk_picks
-    from graphidx.bench.roofline import CaseResult, floor_us
-    from graphidx.bench.timing import time_case
+    from graphidx.bench.roofline import timed_result
 
     os.environ.setdefault("FLASHINFER_TOPK_ALGO", "default")
     device = torch.device("cuda")
@@ -258,11 +258,11 @@ def flashinfer_topk_case(rows: int, width: int, k: int, ceilings: Any) -> Any:
     picks = run()
     torch.cuda.synchronize()
     check = check_topk_picks(logits, picks.to(torch.int32), want)
-    elapsed, timing = time_case(run)
     bytes_moved = float(rows * width * 4 + rows * k * 4)
-    return CaseResult(f"FlashInfer top-k {k}", f"{rows} rows x {width} cols, k {k}", elapsed,
-                      bytes_moved, 0.0, floor_us(bytes_moved, 0.0, ceilings), check, timing,
-                      reference=True)  # fmt: skip
+    shape = f"{rows} rows x {width} cols, k {k}"
+    return timed_result(
+        f"FlashInfer top-k {k}", shape, run, bytes_moved, 0.0, ceilings, check, reference=True
+    )
 
 
 PEER_PAIRS = (

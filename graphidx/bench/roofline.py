@@ -11,12 +11,13 @@ beside them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from graphidx.bench.timing import time_us, time_us_graph
+from graphidx.bench.timing import time_case, time_us, time_us_graph
 
 NOMINAL_COPY_BYTES_PER_S = 4.3e12
 NOMINAL_MATMUL_FLOPS_PER_S = 1435e12
@@ -73,6 +74,28 @@ class CaseResult:
 def floor_us(bytes_moved: float, flops: float, ceilings: Ceilings) -> float:
     """max(bytes / bandwidth, flops / matmul throughput), in microseconds."""
     return 1e6 * max(bytes_moved / ceilings.copy_bytes_per_s, flops / ceilings.matmul_flops_per_s)
+
+
+def timed_result(
+    name: str,
+    shape: str,
+    run: Callable[[], object],
+    bytes_moved: float,
+    flops: float,
+    ceilings: Ceilings,
+    check: str,
+    notes: dict[str, Any] | None = None,
+    *,
+    reference: bool = False,
+) -> CaseResult:
+    """A case's row: `run` timed by `time_case`, beside its floor (`floor_us`); the notes are
+    `notes` (when given) with the timing's notes added over them."""
+    elapsed, timing = time_case(run)
+    floor = floor_us(bytes_moved, flops, ceilings)
+    notes = {**(notes or {}), **timing}
+    return CaseResult(
+        name, shape, elapsed, bytes_moved, flops, floor, check, notes, reference=reference
+    )
 
 
 def measure_ceilings(device: torch.device) -> Ceilings:

@@ -1,5 +1,8 @@
 """`graphidx bench --step`: one decode step per layer kind on device graphs — launches per
 layer, the bare graph and the replayed step, at batch 1 / 4 / 16 / 64 x 8K / 64K tokens.
+The logits rows are as wide as the config's `max_model_len`: by default the context + 64;
+`model_len` sets it, as a deployment does for its model's longest context (V3.2: 163840),
+where the decode rows hold far fewer live columns than their buffer.
 
 Presets: `v32`, one DeepSeek-V3.2 indexer layer (64 heads, next_n 2, top-2048); `v41`, the
 DeepSeek-V4.1-Flash stack (candidate source + 3 consumers, 32 heads, next_n 2). For each
@@ -50,9 +53,22 @@ class StepRow:
     of one replay, in start order."""
 
 
-def preset(name: str, context: int, max_reqs: int) -> tuple[IndexerConfig, IndexerStack]:
-    """(config, stack) of `v32` or `v41` for requests of up to `context` tokens."""
-    model_len = max(context, 4096) + 64
+def min_model_len(context: int) -> int:
+    """The presets' `max_model_len` for requests of up to `context` tokens, and the least a
+    caller may give."""
+    return max(context, 4096) + 64
+
+
+def preset(
+    name: str, context: int, max_reqs: int, model_len: int | None = None
+) -> tuple[IndexerConfig, IndexerStack]:
+    """(config, stack) of `v32` or `v41` for requests of up to `context` tokens, with
+    `max_model_len` = `model_len` (None: `min_model_len(context)`; ValueError below it)."""
+    least = min_model_len(context)
+    if model_len is None:
+        model_len = least
+    elif model_len < least:
+        raise ValueError(f"model_len={model_len} must be at least {least} for context {context}")
     if name == "v41":
         config = IndexerConfig.deepseek_v41_flash(max_num_seqs=max_reqs, max_model_len=model_len)
         return config, IndexerStack(candidate_source=True, consumers=3)
@@ -167,9 +183,15 @@ class _Setup:
         return _replay_launches(lambda: self.runner.graphs.replay(shape))
 
 
-def measure_step(name: str, context: int, batches: tuple[int, ...] = STEP_BATCHES) -> list[StepRow]:
-    """`name`'s decode step at `context` for each batch (see the module docstring)."""
-    config, stack = preset(name, context, max(batches))
+def measure_step(
+    name: str,
+    context: int,
+    batches: tuple[int, ...] = STEP_BATCHES,
+    model_len: int | None = None,
+) -> list[StepRow]:
+    """`name`'s decode step at `context` for each batch, logits rows `model_len` wide (see
+    the module docstring)."""
+    config, stack = preset(name, context, max(batches), model_len)
     main = _Setup(config, stack, context, batches)
     # Stacks one layer apart give each kind's launches; the rest is the step's own.
     if name == "v32":

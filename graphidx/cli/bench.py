@@ -4,9 +4,10 @@
     graphidx bench --replot KERNELS_JSON [--out DIR]   redraw DIR/roofline.png, no GPU needed
     graphidx bench --peers [--out DIR]          the cases that have a peer, beside DeepGEMM's
         and FlashInfer's kernels (importable), and the ratios; kernels.json in DIR
-    graphidx bench --step [--peers] [--quick] [--out DIR]   the decode step per layer kind
-        (launches, bare graph, replayed step); --peers adds DeepGEMM + FlashInfer's V3.2
-        layer; step.json in DIR
+    graphidx bench --step [--peers] [--quick] [--model-len N] [--out DIR]   the decode step
+        per layer kind (launches, bare graph, replayed step); --peers adds DeepGEMM +
+        FlashInfer's V3.2 layer; --model-len sizes the logits rows (and the peer's) for a
+        model's longest context, as a deployment does; step.json in DIR
 
 Exit status 1 when a case's check failed; 2 for bad arguments (no GPU, a missing or foreign
 kernels.json, no matplotlib for --replot, an --out that is a file), before anything runs.
@@ -24,8 +25,11 @@ from graphidx.cli.options import check_output_folder
 
 def run_bench(args: argparse.Namespace) -> int:
     """The command: `args.replot` (a kernels.json path or None), `args.out`, `args.quick`,
-    `args.step`, `args.peers`."""
+    `args.step`, `args.peers`, `args.model_len` (None or an int, only with --step)."""
     out = check_output_folder("--out", args.out)
+    model_len = getattr(args, "model_len", None)
+    if model_len is not None:
+        _check_model_len(model_len, bool(args.step))
     if args.replot:
         from graphidx.bench.report import plot_roofline, read_outputs
 
@@ -49,7 +53,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.peers:
         _require_peers()
     if args.step:
-        return _run_step(out, quick=bool(args.quick), peers=bool(args.peers))
+        return _run_step(out, quick=bool(args.quick), peers=bool(args.peers), model_len=model_len)
     if args.peers:
         return _run_kernel_peers(out)
     from graphidx.bench.suite import run
@@ -58,8 +62,23 @@ def run_bench(args: argparse.Namespace) -> int:
     return 1 if any(r.check.startswith("FAIL") for r in results) else 0
 
 
-def _run_step(out: Path, *, quick: bool, peers: bool) -> int:
-    """The step table (`graphidx.bench.step`), and the peers' V3.2 layer beside it."""
+def _check_model_len(model_len: int, step: bool) -> None:
+    """ValueError unless --model-len comes with --step and covers every step context."""
+    from graphidx.bench.step import STEP_CONTEXTS, min_model_len
+
+    if not step:
+        raise ValueError("--model-len applies to --step only")
+    least = min_model_len(max(STEP_CONTEXTS))
+    if model_len < least:
+        raise ValueError(
+            f"--model-len {model_len} must be at least {least} (the longest step context, "
+            f"{max(STEP_CONTEXTS)}, + 64)"
+        )
+
+
+def _run_step(out: Path, *, quick: bool, peers: bool, model_len: int | None = None) -> int:
+    """The step table (`graphidx.bench.step`), and the peers' V3.2 layer beside it; logits
+    rows `model_len` wide (None: each context's own)."""
     import dataclasses
     import json
 
@@ -72,13 +91,14 @@ def _run_step(out: Path, *, quick: bool, peers: bool) -> int:
     peer_rows: dict[tuple[int, int], tuple[float, float]] = {}
     for context in contexts:
         for name in ("v32", "v41"):
-            rows += measure_step(name, context, batches)
+            rows += measure_step(name, context, batches, model_len)
         if peers:
-            peer_rows.update(peer_v32_step(context, batches))
+            peer_rows.update(peer_v32_step(context, batches, model_len=model_len))
     print(format_step(rows, peer_rows))
     out.mkdir(parents=True, exist_ok=True)
     payload = {
         "device": torch.cuda.get_device_name(),
+        "model_len": model_len,
         "rows": [dataclasses.asdict(r) for r in rows],
         "peers": [
             {"context": c, "batch": b, "step_ms": s, "graph_ms": g}

@@ -154,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="DeepGEMM's and FlashInfer's kernels beside the cases that have a peer, and the "
         "ratios; with --step, their V3.2 layer beside the step (both must be importable)",
     )
+    bench.add_argument(
+        "--model-len",
+        type=int,
+        metavar="N",
+        help="with --step: logits rows N columns wide (every preset's max_model_len, the "
+        "peer's too), as a deployment sizes them for its model's longest context (V3.2: "
+        "163840); default: each context + 64",
+    )
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -296,3 +296,30 @@ def test_peer_ratio_table_pairs_each_case_with_its_peer() -> None:
     assert len(table) == 3  # no FlashInfer row: its top-k has no peer line
     assert table[1].split()[-1] == "2.00" and table[2].split()[-1] == "2.20"
     assert "fp8" in table[2] and "fp8" not in table[1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model-len", "163840"], "--model-len applies to --step only"),
+        (["--step", "--model-len", "8192"], "--model-len 8192 must be at least 65600"),
+    ],
+)
+def test_bad_model_len_is_one_line_and_exit_2_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(["bench", *argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("graphidx bench: error:") and message in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_step_presets_take_a_deployment_width() -> None:
+    from graphidx.bench.step import min_model_len, preset
+
+    assert preset("v32", 8192, 4)[0].max_model_len == min_model_len(8192) == 8256
+    config, _ = preset("v32", 8192, 4, model_len=163840)
+    assert config.max_model_len == 163840
+    assert preset("v41", 65536, 4, model_len=163840)[0].max_model_len == 163840
+    with pytest.raises(ValueError, match="model_len=8192 must be at least 8256"):
+        preset("v32", 8192, 4, model_len=8192)

@@ -28,16 +28,11 @@ CANDIDATE = IndexerConfig.cpu_demo(
     max_num_batched_tokens=512,
     max_logits_bytes=64 * 1024,
 )
-DENSE = IndexerConfig(
-    num_heads=64,
-    compress_ratio=1,
-    block_size=64,
-    max_model_len=4096,
-    num_speculative_tokens=2,
-    max_num_seqs=16,
-    max_num_batched_tokens=256,
+# DeepSeek-V3.2's dense indexer (64 heads of 128, R = 1, pages of 64, top-2048), small limits.
+DENSE = IndexerConfig.deepseek_v32(
+    max_model_len=4096, num_speculative_tokens=2, max_num_seqs=16, max_num_batched_tokens=256,
     max_logits_bytes=32 * 1024,
-)
+)  # fmt: skip
 
 
 def _poisoned(builder: IndexerMetadataBuilder) -> IndexerMetadataBuilder:

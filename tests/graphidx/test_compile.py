@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import small_dense_config
 
 from capture import CaptureSizes, GraphCache, StepShape
 from capture.backends.tape import Tape
@@ -38,29 +39,16 @@ from graphidx.workspace import IndexerWorkspace
 
 SENTINEL = -777
 
+SCALE: dict[str, int] = dict(
+    num_heads=4, head_dim=64, topk_tokens=16, max_logits_bytes=16 * 1024, max_num_seqs=8,
+    max_num_batched_tokens=256,
+)  # fmt: skip
+"""What both configs share: 4 heads of 64, top-16, 16 KiB of logits, 8 requests of 256."""
 # Two-level: a pool of 4 blocks of 8 = 32 columns, so decode rows gather from a widest
 # context of 96 and prefill chunks from a width of 48; 16 KiB of logits cuts prefill chunks.
-CANDIDATE_CONFIG = IndexerConfig.cpu_demo(
-    num_heads=4,
-    head_dim=64,
-    max_model_len=1024,
-    topk_tokens=16,
-    candidate_topk_blocks=4,
-    max_logits_bytes=16 * 1024,
-    max_num_seqs=8,
-    max_num_batched_tokens=256,
-)
-DENSE_CONFIG = IndexerConfig(
-    num_heads=4,
-    head_dim=64,
-    compress_ratio=2,
-    block_size=128,
-    max_model_len=2048,
-    num_speculative_tokens=2,
-    topk_tokens=16,
-    max_logits_bytes=16 * 1024,
-    max_num_seqs=8,
-    max_num_batched_tokens=256,
+CANDIDATE_CONFIG = IndexerConfig.cpu_demo(**SCALE, max_model_len=1024, candidate_topk_blocks=4)
+DENSE_CONFIG = small_dense_config(
+    **SCALE, compress_ratio=2, block_size=128, max_model_len=2048, num_speculative_tokens=2
 )
 
 

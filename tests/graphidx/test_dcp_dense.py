@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import across_gloo_ranks
 
 from capture import GraphCache, StepShape
 from graphidx.batch import StepBatch
@@ -35,7 +36,6 @@ from graphidx.testing import (
     StepCase,
     StepGenerator,
     context_parallel_config,
-    gloo_available,
     rank_batch,
     request_contexts,
     run_gloo_ranks,
@@ -278,8 +278,7 @@ def _single_rank_answers() -> dict[str, torch.Tensor]:
     return results
 
 
-@pytest.mark.skipif(not gloo_available(), reason="torch.distributed with gloo is unavailable")
-@pytest.mark.parametrize("world_size", [2, 4])
+@across_gloo_ranks
 def test_dense_layer_across_gloo_ranks_equals_one_rank(world_size: int) -> None:
     want = _single_rank_results()
     answers = run_gloo_ranks(_ranked, world_size, None, timeout_s=120)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import across_gloo_ranks, needs_gloo
 
 from capture import CaptureSizes
 from graphidx.builder import CandidateIndexerMetadataBuilder
@@ -29,7 +30,6 @@ from graphidx.testing import (
     StepCase,
     StepGenerator,
     context_parallel_config,
-    gloo_available,
     rank_cache_pages,
     run_gloo_ranks,
     selection_order,
@@ -161,8 +161,7 @@ def _single_rank_results() -> dict[str, torch.Tensor]:
     return results
 
 
-@pytest.mark.skipif(not gloo_available(), reason="torch.distributed with gloo is unavailable")
-@pytest.mark.parametrize("world_size", [2, 4])
+@across_gloo_ranks
 def test_runner_across_gloo_ranks_equals_one_rank(world_size: int) -> None:
     want = _single_rank_results()
     answers = run_gloo_ranks(_ranked, world_size, None, timeout_s=150)
@@ -185,7 +184,7 @@ def test_runner_refuses_a_missing_group() -> None:
         runner_for(config, setup.stack, caches, dcp=ContextParallel.from_config(config))
 
 
-@pytest.mark.skipif(not gloo_available(), reason="torch.distributed with gloo is unavailable")
+@needs_gloo
 def test_replay_check_dcp_finds_no_mismatch() -> None:
     """`replay-check --dcp 2` on a few cases: two gloo ranks, every step equal to W = 1."""
     from graphidx.cli.replay_check import run_replay_check

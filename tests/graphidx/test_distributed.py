@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import across_gloo_ranks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ from graphidx.distributed import (
     sharded_topk_at,
     unpin_foreign_newest_block,
 )
-from graphidx.testing import gloo_available, run_gloo_ranks
+from graphidx.testing import run_gloo_ranks
 
 NEG_INF = float("-inf")
 
@@ -379,8 +380,7 @@ def _ranked(rank: int, world_size: int, shared: None) -> dict[str, torch.Tensor]
     return results
 
 
-@pytest.mark.skipif(not gloo_available(), reason="torch.distributed with gloo is unavailable")
-@pytest.mark.parametrize("world_size", [2, 4])
+@across_gloo_ranks
 def test_exchange_and_merge_across_gloo_ranks(world_size: int) -> None:
     answers = run_gloo_ranks(_ranked, world_size, None, timeout_s=120)
     for name, first in answers[0].items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from helpers import small_dense_config
 
 from graphidx.batch import padding_form
 from graphidx.config import IndexerConfig
@@ -23,18 +24,10 @@ from graphidx.testing import (
 CONFIG = IndexerConfig.cpu_demo(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=2048)
 STACK = IndexerStack(candidate_source=True, consumers=2)
 # R = 2, next_n = 3, a dense stack: the arange form has more rows than the fill1 form.
-DENSE = IndexerConfig(
-    num_heads=8,
-    head_dim=64,
-    compress_ratio=2,
-    block_size=64,
-    num_speculative_tokens=2,
-    topk_tokens=32,
-    max_model_len=2048,
-    max_logits_bytes=2**20,
-    max_num_seqs=8,
-    max_num_batched_tokens=128,
-)
+DENSE = small_dense_config(
+    compress_ratio=2, num_speculative_tokens=2, topk_tokens=32, max_model_len=2048,
+    max_num_seqs=8, max_num_batched_tokens=128,
+)  # fmt: skip
 
 
 def test_kinds_cover_every_runtime_convention() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import small_dense_config
 
 import graphidx.cli.demo as demo
 from capture import CaptureSizes
@@ -43,17 +44,7 @@ needs_interpreter = pytest.mark.skipif(
     not triton_interpreted(), reason="records launches through the Triton interpreter"
 )
 
-DENSE = IndexerConfig(
-    num_heads=8,
-    head_dim=64,
-    compress_ratio=4,
-    block_size=128,
-    max_model_len=4096,
-    topk_tokens=64,
-    max_logits_bytes=1 << 20,
-    max_num_seqs=16,
-    max_num_batched_tokens=256,
-)
+DENSE = small_dense_config(compress_ratio=4, block_size=128)
 """A dense stack's config: compressed (R = 4), no speculative rows, no candidate pool."""
 TWO_LEVEL = IndexerConfig.cpu_demo(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=2048)
 WIDE = IndexerConfig.cpu_demo(
