@@ -26,9 +26,17 @@ FP8_LOGIT_BOUND = 2e-3
 section 5, "Precision", has how it was measured)."""
 
 
+_interpreted: bool | None = None
+
+
 def triton_interpreted() -> bool:
-    """True when Triton kernels run under the interpreter (CPU tensors allowed)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton kernels run under the interpreter (CPU tensors allowed):
+    TRITON_INTERPRET as it is at the first call, as Triton itself reads it once, when it
+    decorates a kernel (every op of an eager step asks, so it is not read again)."""
+    global _interpreted
+    if _interpreted is None:
+        _interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _interpreted
 
 
 # Looked up once, at import: a plain constant keeps `resolve_backend` free of cached calls,
