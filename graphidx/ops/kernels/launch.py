@@ -189,7 +189,8 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
     """`kernel[grid](*args, **kwargs)`, with the host work of Triton's launch skipped once
     this specialization ran once, and programmatic dependent launch where the device has it
     (module docstring). `grid`: 1 to 3 ints; `args[0]` a tensor (the direct path needs it on
-    a CUDA device)."""
+    a CUDA device). A kernel launched here must call `wait_for_prior_kernels()` first (tests
+    check every kernel of this package)."""
     compiled = _kernel(kernel)
     first = args[0] if args else None
     kwargs = with_dependent_launch(args, kwargs)
