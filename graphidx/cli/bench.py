@@ -29,7 +29,7 @@ def run_bench(args: argparse.Namespace) -> int:
     out = check_output_folder("--out", args.out)
     model_len = getattr(args, "model_len", None)
     if model_len is not None:
-        _check_model_len(model_len, bool(args.step))
+        _check_model_len(model_len, bool(args.step), bool(args.quick))
     if args.replot:
         from graphidx.bench.report import plot_roofline, read_outputs
 
@@ -62,18 +62,26 @@ def run_bench(args: argparse.Namespace) -> int:
     return 1 if any(r.check.startswith("FAIL") for r in results) else 0
 
 
-def _check_model_len(model_len: int, step: bool) -> None:
-    """ValueError unless --model-len comes with --step and covers every step context."""
-    from graphidx.bench.step import STEP_CONTEXTS, min_model_len
+def _check_model_len(model_len: int, step: bool, quick: bool) -> None:
+    """ValueError unless --model-len comes with --step and covers every context it runs."""
+    from graphidx.bench.step import min_model_len
 
     if not step:
         raise ValueError("--model-len applies to --step only")
-    least = min_model_len(max(STEP_CONTEXTS))
+    longest = max(_step_contexts(quick))
+    least = min_model_len(longest)
     if model_len < least:
         raise ValueError(
             f"--model-len {model_len} must be at least {least} (the longest step context, "
-            f"{max(STEP_CONTEXTS)}, + 64)"
+            f"{longest}, + 64)"
         )
+
+
+def _step_contexts(quick: bool) -> tuple[int, ...]:
+    """The contexts `bench --step` runs (--quick: the first only)."""
+    from graphidx.bench.step import STEP_CONTEXTS
+
+    return STEP_CONTEXTS[:1] if quick else STEP_CONTEXTS
 
 
 def _run_step(out: Path, *, quick: bool, peers: bool, model_len: int | None = None) -> int:
@@ -83,9 +91,9 @@ def _run_step(out: Path, *, quick: bool, peers: bool, model_len: int | None = No
     import json
 
     from graphidx.bench.peers import peer_v32_step
-    from graphidx.bench.step import STEP_BATCHES, STEP_CONTEXTS, format_step, measure_step
+    from graphidx.bench.step import STEP_BATCHES, format_step, measure_step
 
-    contexts = STEP_CONTEXTS[:1] if quick else STEP_CONTEXTS
+    contexts = _step_contexts(quick)
     batches = STEP_BATCHES[:2] if quick else STEP_BATCHES
     rows = []
     peer_rows: dict[tuple[int, int], tuple[float, float]] = {}

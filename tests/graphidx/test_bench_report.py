@@ -303,6 +303,7 @@ def test_peer_ratio_table_pairs_each_case_with_its_peer() -> None:
     [
         (["--model-len", "163840"], "--model-len applies to --step only"),
         (["--step", "--model-len", "8192"], "--model-len 8192 must be at least 65600"),
+        (["--step", "--quick", "--model-len", "8192"], "--model-len 8192 must be at least 8256"),
     ],
 )
 def test_bad_model_len_is_one_line_and_exit_2_before_anything_runs(

@@ -238,3 +238,45 @@ def test_dependent_launch_only_for_cuda_tensors_where_the_device_has_it(
     launch_module.dependent_launch.cache_clear()
     assert launch_module.with_dependent_launch((x,), kwargs) == kwargs
     launch_module.dependent_launch.cache_clear()
+
+
+class _ReportsSm90:
+    """A Triton driver that reports an sm_90 GPU (as the CUDA driver does on a Hopper host)."""
+
+    def get_current_target(self) -> object:
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+def test_the_interpreter_runs_kernels_beside_a_hopper_gpu() -> None:
+    """Under the interpreter the grid wait is skipped even when Triton's driver reports sm_90
+    (`TRITON_INTERPRET=1` on a GPU host), where the interpreter has no `griddepcontrol`."""
+    from graphidx.ops.backend import triton_interpreted
+
+    if not triton_interpreted():
+        pytest.skip("runs kernels under the Triton interpreter")
+    from triton.runtime.driver import driver
+
+    from graphidx.ops import topk_per_row
+
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(3))
+    lengths = torch.full((4,), 300, dtype=torch.int32)
+    out = torch.full((4, 16), -7, dtype=torch.int32)
+    previous = driver._active  # None on a CPU-only host, where no driver can be made
+    driver.set_active(_ReportsSm90())
+    try:
+        topk_per_row(logits, lengths, 16, out, backend="triton")
+    finally:
+        driver._active = previous
+    want = torch.topk(logits, 16, dim=1).indices.sort(dim=1).values
+    assert torch.equal(out.long().sort(dim=1).values, want)

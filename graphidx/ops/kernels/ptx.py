@@ -14,6 +14,8 @@ import triton
 import triton.language as tl
 from triton.language.target_info import cuda_capability_geq
 
+from graphidx.ops.backend import triton_interpreted
+
 _PREDICATED = "{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p {} mov.b32 $0, 0; }}"
 STORE_ASM = tl.constexpr(_PREDICATED.format("st.global.b32 [$1], $3;"))
 PREFETCH_L1_ASM = tl.constexpr(_PREDICATED.format("prefetch.global.L1 [$1];"))
@@ -23,6 +25,9 @@ LOAD_U8_ASM = tl.constexpr(
     "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, $3; @p ld.global.u8 $0, [$1]; }"
 )
 """$0 = the byte at $1 zero-extended where the mask $2 is nonzero, else $3."""
+COMPILED = tl.constexpr(not triton_interpreted())
+"""Whether the kernels are compiled (not interpreted), as Triton decided when it decorated
+them: the interpreter knows no `griddepcontrol`, even where the GPU beside it has one."""
 
 
 @triton.jit
@@ -124,7 +129,7 @@ def wait_for_prior_kernels():
     waiting programs then sit on the SMs beside the running kernel, and on the H200 that
     slowed a candidate gather by ~10% (docs/perf-notes.md). Nothing elsewhere (ROCm, the
     interpreter, older GPUs)."""
-    if cuda_capability_geq(9, 0):
+    if COMPILED and cuda_capability_geq(9, 0):
         tl.extra.cuda.gdc_wait()
 
 
