@@ -234,6 +234,8 @@ def test_dependent_launch_only_for_cuda_tensors_where_the_device_has_it(
     launch_module.dependent_launch.cache_clear()
     got = launch_module.with_dependent_launch((x,), kwargs)
     assert got.get("launch_pdl", False) is expected and kwargs == {"BLOCK": 4}
+    chosen = {"BLOCK": 4, "launch_pdl": False}
+    assert launch_module.with_dependent_launch((x,), chosen) == chosen  # the caller's choice
     monkeypatch.setenv("GRAPHIDX_PDL", "0")
     launch_module.dependent_launch.cache_clear()
     assert launch_module.with_dependent_launch((x,), kwargs) == kwargs

@@ -173,11 +173,13 @@ def dependent_launch(device: int) -> bool:
 
 def with_dependent_launch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """`kwargs` plus `launch_pdl=True` when this launch (its first argument a CUDA tensor on
-    the current device) uses programmatic dependent launch; the options `launch` gives
-    Triton, and so the ones a warm-up must compile a launch's variant with."""
+    the current device) uses programmatic dependent launch and the caller did not choose
+    `launch_pdl` itself; the options `launch` gives Triton, and so the ones a warm-up must
+    compile a launch's variant with."""
     first = args[0] if args else None
     if (
-        isinstance(first, torch.Tensor)
+        "launch_pdl" not in kwargs
+        and isinstance(first, torch.Tensor)
         and first.is_cuda
         and dependent_launch(torch.cuda.current_device())
     ):
