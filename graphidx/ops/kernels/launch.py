@@ -171,17 +171,20 @@ def dependent_launch(device: int) -> bool:
     return os.environ.get("GRAPHIDX_PDL", "1") != "0" and device_capability(device) >= (9, 0)
 
 
+def _wants_dependent_launch(kwargs: dict[str, Any], device: int) -> bool:
+    """Whether a launch on CUDA device `device` gets `launch_pdl=True`: the device has it
+    and the caller did not choose `launch_pdl` itself."""
+    return "launch_pdl" not in kwargs and dependent_launch(device)
+
+
 def with_dependent_launch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`kwargs` plus `launch_pdl=True` when this launch (its first argument a CUDA tensor on
-    the current device) uses programmatic dependent launch and the caller did not choose
-    `launch_pdl` itself; the options `launch` gives Triton, and so the ones a warm-up must
-    compile a launch's variant with."""
+    """`kwargs` with the options `launch` adds for this launch (its first argument a CUDA
+    tensor on the current device): the ones a warm-up must compile its variant with."""
     first = args[0] if args else None
     if (
-        "launch_pdl" not in kwargs
-        and isinstance(first, torch.Tensor)
+        isinstance(first, torch.Tensor)
         and first.is_cuda
-        and dependent_launch(torch.cuda.current_device())
+        and _wants_dependent_launch(kwargs, torch.cuda.current_device())
     ):
         return {**kwargs, "launch_pdl": True}
     return kwargs
@@ -195,17 +198,18 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
     check every kernel of this package)."""
     compiled = _kernel(kernel)
     first = args[0] if args else None
-    kwargs = with_dependent_launch(args, kwargs)
+    cuda = isinstance(first, torch.Tensor) and first.is_cuda
+    device = torch.cuda.current_device() if cuda else -1
+    if cuda and _wants_dependent_launch(kwargs, device):
+        kwargs["launch_pdl"] = True  # this call's own dict (`with_dependent_launch`'s rule)
     if (
         not compiled.direct
-        or not isinstance(first, torch.Tensor)
-        or not first.is_cuda
+        or not cuda
         or _hooked(knobs.runtime.launch_enter_hook)
         or _hooked(knobs.runtime.launch_exit_hook)
     ):
         kernel[grid](*args, **kwargs)
         return
-    device = torch.cuda.current_device()
     key = specialization_key(args, kwargs, device)
     variant = compiled.variants.get(key) if key is not None else None
     if variant is None:
