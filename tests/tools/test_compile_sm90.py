@@ -1,4 +1,5 @@
-"""The SASS reading of tools/compile_sm90.py (loop finding, opcode counts) on a made-up listing."""
+"""The SASS reading of tools/compile_sm90.py (loop finding, opcode counts) on a made-up listing,
+and its sm_90 driver standing in for a Hopper host's."""
 
 from __future__ import annotations
 
@@ -73,3 +74,27 @@ def test_a_store_reads_its_value_and_an_unread_load_is_named() -> None:
         "00020 LDG.E.128 R4: first read at +3 instructions, same iteration (STG.E)",
         "00030 LDG.E R8: not read in the loop",
     ]
+
+
+def test_the_interpreter_runs_kernels_beside_a_hopper_gpu() -> None:
+    """Under the interpreter the grid wait is skipped even when Triton's driver reports sm_90
+    (`TRITON_INTERPRET=1` on a GPU host), where the interpreter has no `griddepcontrol`."""
+    import torch
+    from triton.runtime.driver import driver
+
+    from graphidx.ops import topk_per_row
+    from graphidx.ops.backend import triton_interpreted
+
+    if not triton_interpreted():
+        pytest.skip("runs kernels under the Triton interpreter")
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(3))
+    lengths = torch.full((4,), 300, dtype=torch.int32)
+    out = torch.full((4, 16), -7, dtype=torch.int32)
+    previous = driver._active  # None on a CPU-only host, where no driver can be made
+    driver.set_active(compile_sm90._Sm90Driver())
+    try:
+        topk_per_row(logits, lengths, 16, out, backend="triton")
+    finally:
+        driver._active = previous
+    want = torch.topk(logits, 16, dim=1).indices.sort(dim=1).values
+    assert torch.equal(out.long().sort(dim=1).values, want)
