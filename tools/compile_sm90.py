@@ -37,6 +37,7 @@ from graphidx.bench.inputs import random_block_table, random_kv_cache, random_qu
 from graphidx.ops.kernels import gather as triton_gather
 from graphidx.ops.kernels import logits as triton_logits
 from graphidx.ops.kernels import topk as triton_topk
+from graphidx.ops.kernels import topk_radix as triton_topk_radix
 from graphidx.ops.kernels.gather import GatherConfig
 from graphidx.ops.kernels.logits import LogitsConfig
 from graphidx.ops.schedule import allocate_schedule, build_decode_schedule
@@ -55,6 +56,7 @@ TOPK_CASES = {
     "topk512r16": (512, 16, 65536),
     "topk2048w8256": (2048, 2, 8256),
     "topk2048w8192": (2048, 2, 8192),
+    "topk2048r2": (2048, 2, 65600),
 }
 """name: (k, rows, columns); 16 rows of 65536 take the split path (P = 8), the narrow rows
 the whole-row kernel (V3.2's decode rows at an 8K context: W_PAD 16384 and 8192)."""
@@ -295,6 +297,9 @@ def main() -> int:
         triton_topk._topk_whole_row_kernel,
         triton_topk._split_floor_kernel,
         triton_topk._split_collect_kernel,
+        triton_topk_radix._radix_high_kernel,
+        triton_topk_radix._radix_low_kernel,
+        triton_topk_radix._radix_collect_kernel,
     ]
     for name in args.case or sorted(CASES):
         for kernel in kernels:

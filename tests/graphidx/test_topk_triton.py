@@ -665,3 +665,88 @@ def test_floor_seeds_bracket_the_kth_largest_maximum(
     assert seed_lo <= seed_hi
     assert int((keys >= seed_lo).sum()) >= k
     assert int((keys > seed_hi).sum()) < k
+
+
+def first_by_value_then_column(row: torch.Tensor, n: int, k: int) -> set[int]:
+    """The columns of the k largest of row[:n] by (key descending, column ascending)."""
+    keys = order_keys(row[:n])
+    live = (keys > KEY_NEG_INF).nonzero().flatten()
+    order = sorted(live.tolist(), key=lambda c: (-int(keys[c]), c))
+    return set(order[:k])
+
+
+def run_radix(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig) -> None:
+    """The radix path, checked exactly: the picks are the first k by (key, column)."""
+    out = torch.full((logits.shape[0], k), SENTINEL, dtype=torch.int32)
+    topk_per_row(logits, lengths, k, out, config=config)
+    check_rows(logits, lengths, k, out)
+    width = logits.shape[1]
+    for r in range(logits.shape[0]):
+        n = max(0, min(int(lengths[r]), width))
+        picks = {c for c in out[r].tolist() if c != -1}
+        assert picks == first_by_value_then_column(logits[r], n, k), r
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("k", [1, 13, 40, 300])
+def test_radix_random_rows_every_length(gen: torch.Generator, chunk: int, k: int) -> None:
+    """Slices of 16 / 64 columns (19 / 5 programs per 300-column row, every row's last
+    arrival picking), lengths 0, 1, past the width, negative, fewer live keys than k (all
+    taken, -1 after them), both signs, -inf columns."""
+    logits = torch.randn(10, 300, generator=gen) * 3.0
+    logits[3, ::5] = NEG_INF
+    logits[4] = -logits[4].abs()
+    run_radix(logits, lengths_for(300, 10, gen), k, topk_kernels.radix_config(chunk, 4))
+
+
+@pytest.mark.parametrize("capacity", [128, 1024])
+def test_radix_staged_keys_past_the_rank_step(gen: torch.Generator, capacity: int) -> None:
+    """Keys sharing their top 22 bits (values one ulp apart around 1.0, with duplicates): 600
+    staged keys, more than the rank step takes (128), so the counting searches pick them
+    (capacity 1024) or, past the capacity (128), the whole-row selection; the tied columns
+    picked are the smallest either way. Row 2 has ties at the k-th value across slices."""
+    width, k = 640, 40
+    ulps = torch.randint(0, 300, (3, width), generator=gen, dtype=torch.int32)
+    logits = (torch.full((3, width), 1.0).view(torch.int32) + ulps).view(torch.float32)
+    logits[0, :40] = 0.5  # below: never staged
+    logits[2] = 1.0
+    logits[2, torch.randperm(width, generator=gen)[:10]] = 2.0
+    lengths = torch.tensor([width, 600, width], dtype=torch.int32)
+    config = dataclasses.replace(topk_kernels.radix_config(64, 4), capacity=capacity)
+    run_radix(logits, lengths, k, config)
+
+
+def test_radix_ties_at_the_threshold_picked_in_column_order(gen: torch.Generator) -> None:
+    """The rows of the tie test above on the radix path: few staged keys (the rank step) and
+    hundreds of equal keys (the whole-row selection at capacity 128, searches at 1024)."""
+    width, k = 700, 20
+    rows = torch.full((3, width), -5.0) - torch.rand(3, width, generator=gen)
+    big = torch.randperm(width, generator=gen)[:306]
+    rows[0, big[:6]] = torch.arange(6, dtype=torch.float32) + 10.0
+    rows[0, big[6:]] = 0.0
+    rows[1, big[:8]] = torch.arange(8, dtype=torch.float32) + 10.0
+    rows[1, big[8:48]] = 1.0
+    rows[2, big[:8]] = torch.arange(8, dtype=torch.float32) + 10.0
+    rows[2, big[8:23]] = 2.0
+    lengths = torch.full((3,), width, dtype=torch.int32)
+    for capacity in (128, 1024):
+        config = dataclasses.replace(topk_kernels.radix_config(64, 4), capacity=capacity)
+        run_radix(rows, lengths, k, config)
+
+
+def test_radix_many_row_batches_and_strided_rows(gen: torch.Generator) -> None:
+    """A row stride wider than the row (a view), a width not a multiple of 4 (loads masked
+    per column) and every row's state zeroed per call."""
+    base = torch.randn(6, 211, generator=gen)
+    logits = base[:, :203]
+    lengths = torch.tensor([203, 150, 0, 90, 203, 7], dtype=torch.int32)
+    config = topk_kernels.radix_config(32, 4)
+    run_radix(logits, lengths, 9, config)
+    run_radix(logits, lengths, 9, config)
+
+
+def test_radix_bad_config_raises_before_any_launch() -> None:
+    with pytest.raises(ValueError, match="config.chunk"):
+        check_config(topk_kernels.radix_config(16384, 8), 10)
+    with pytest.raises(ValueError, match="config.capacity"):
+        check_config(dataclasses.replace(topk_kernels.radix_config(64, 4), capacity=64), 10)

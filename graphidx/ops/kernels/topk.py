@@ -97,6 +97,7 @@ import triton.language as tl
 from graphidx.ops.kernels import OPERANDS_BF16X2, next_power_of_2, operand_mode
 from graphidx.ops.kernels.launch import launch
 from graphidx.ops.kernels.ptx import store_b32, wait_for_prior_kernels
+from graphidx.ops.kernels.topk_radix import MAX_STEP, radix_topk_per_row
 from graphidx.ops.kernels.topk_select import (
     FALLBACK_STEP,
     KEY_NEG_INF,
@@ -192,6 +193,15 @@ MIN_SLICE_COLUMNS = 4096
 MIN_SLICE_GROUPS = 128
 """Groups per program at least: 512-byte contiguous pieces per GROUPS-column block."""
 MAX_PROGRAMS_PER_ROW = MAX_GROUPS // MIN_SLICE_GROUPS
+RADIX_PATH = -1
+RADIX_MAX_ROWS = 64
+"""Fewer rows than this, wider than WHOLE_ROW_COLUMNS, take the radix select (`topk_radix`):
+one program per row would leave most multiprocessors idle."""
+RADIX_MIN_CHUNK = 1024
+RADIX_MAX_CHUNK = 4096
+RADIX_TARGET_PROGRAMS = 512
+"""The radix select's slices halve from RADIX_MAX_CHUNK columns (down to RADIX_MIN_CHUNK)
+while a call has fewer programs than this (about four per multiprocessor)."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +217,10 @@ class TopkConfig:
     (None: the compiler's choice), a tuning hook for occupancy; whole_row: one program per
     row holds the whole row in registers (`_topk_whole_row_kernel`, widths up to
     MAX_WHOLE_ROW_COLUMNS; groups, capacity, P and chunk unused); short_rows: at P = 1,
-    rows whose length fits `short_row_columns` are held whole instead of grouped.
+    rows whose length fits `short_row_columns` are held whole instead of grouped; radix:
+    the radix select of `topk_radix` over slices of `chunk` columns (at most
+    topk_radix.MAX_STEP), staging at most `capacity` columns per row (>= RANK_KEYS; groups
+    and P unused).
     """
 
     groups: int
@@ -218,6 +231,7 @@ class TopkConfig:
     max_registers: int | None = None
     whole_row: bool = False
     short_rows: bool = True
+    radix: bool = False
 
 
 def default_config(k: int, rows: int, width: int) -> TopkConfig:
@@ -234,6 +248,11 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
         width <= WHOLE_ROW_COLUMNS and (k >= WHOLE_ROW_MIN_K or rows <= WHOLE_ROW_MAX_ROWS)
     ):
         return whole_row_config(width)
+    if rows < RADIX_MAX_ROWS:
+        chunk = RADIX_MAX_CHUNK
+        while chunk > RADIX_MIN_CHUNK and rows * -(-width // chunk) < RADIX_TARGET_PROGRAMS:
+            chunk //= 2
+        return radix_config(chunk, 8)
     split = 1
     while (
         k <= SPLIT_MAX_K
@@ -258,6 +277,12 @@ def whole_row_config(width: int) -> TopkConfig:
     4 to 16 warps."""
     warps = min(16, max(4, next_power_of_2(max(width, 1)) // (32 * WHOLE_ROW_KEYS)))
     return TopkConfig(groups=MIN_GROUPS, capacity=2, num_warps=warps, whole_row=True)
+
+
+def radix_config(chunk: int, num_warps: int, capacity: int = 4096) -> TopkConfig:
+    """The radix select (`topk_radix`) over slices of `chunk` columns."""
+    return TopkConfig(groups=MIN_GROUPS, capacity=capacity, num_warps=num_warps, chunk=chunk,
+                      radix=True)  # fmt: skip
 
 
 def split_config(k: int, programs_per_row: int) -> TopkConfig:
@@ -994,6 +1019,14 @@ def check_config(config: TopkConfig, k: int) -> None:
         raise ValueError(f"config.max_registers must be None or in [24, 255], got {registers!r}")
     if config.whole_row:
         return
+    if config.radix:
+        if not 16 <= config.chunk <= MAX_STEP:
+            raise ValueError(f"config.chunk must be in [16, {MAX_STEP}] for radix, got "
+                             f"{config.chunk}")  # fmt: skip
+        if config.capacity < RANK_KEYS.value:
+            raise ValueError(f"config.capacity must be >= {RANK_KEYS.value} for radix, got "
+                             f"{config.capacity}")  # fmt: skip
+        return
     k_pad = next_power_of_2(k)
     if config.capacity < k_pad:
         raise ValueError(f"config.capacity {config.capacity} < next_power_of_2(k) {k_pad}")
@@ -1054,7 +1087,7 @@ class _Plan:
     """Everything a `topk_per_row` call launches, from (k, rows, width, config) alone."""
 
     split: int
-    """P, or 0 for the whole-row kernel."""
+    """P, 0 for the whole-row kernel, RADIX_PATH for the radix select."""
     batch: int
     scratch_ints: int
     constexprs: tuple[dict[str, int | bool], ...]  # per launch of one row batch
@@ -1067,6 +1100,9 @@ def _plan(k: int, rows: int, width: int, config: TopkConfig | None) -> _Plan:
     cfg = config or default_config(k, rows, width)
     check_config(cfg, k)
     k_pad = next_power_of_2(k)
+    if cfg.radix:
+        return _Plan(RADIX_PATH, rows, 0, (dict(STEP=cfg.chunk, CAP=cfg.capacity),),
+                     _launch_options(cfg))  # fmt: skip
     if cfg.whole_row:
         if width > MAX_WHOLE_ROW_COLUMNS:
             raise ValueError(
@@ -1147,6 +1183,11 @@ def topk_per_row(
     if rows == 0 or k == 0:
         return
     plan = _plan(k, rows, width, config)
+    if plan.split == RADIX_PATH:
+        (radix_c,) = plan.constexprs
+        radix_topk_per_row(logits, lengths, k, out, step=radix_c["STEP"],
+                           capacity=radix_c["CAP"], options=plan.options)  # fmt: skip
+        return
     device = logits.device
     scratch = torch.empty((min(rows, plan.batch), plan.scratch_ints), dtype=torch.int32,
                           device=device)  # fmt: skip
@@ -1176,4 +1217,11 @@ def topk_per_row(
                ostride, width, k, **collect_c, **options)  # fmt: skip
 
 
-__all__ = ["TopkConfig", "check_config", "default_config", "split_config", "topk_per_row"]
+__all__ = [
+    "TopkConfig",
+    "check_config",
+    "default_config",
+    "radix_config",
+    "split_config",
+    "topk_per_row",
+]
