@@ -84,12 +84,18 @@ def hard_rows(k: int, rows: int, width: int, groups: int) -> tuple[torch.Tensor,
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
 @pytest.mark.parametrize("k", [512, 2048])
 def test_every_program_count_at_full_size(k: int) -> None:
-    from graphidx.ops.kernels.topk import default_config, split_config, topk_per_row
+    from graphidx.ops.kernels.topk import (
+        default_config,
+        radix_config,
+        split_config,
+        topk_per_row,
+    )
 
     rows, width = 128, 65536
     logits, lengths = hard_rows(k, rows, width, default_config(k, rows, width).groups)
-    # The default (P = 1 with 16 warps at this width) and every split.
+    # The default (P = 1 with 16 warps at this width), every split and the radix select.
     configs = [default_config(k, rows, width)] + [split_config(k, s) for s in (1, 2, 4, 8, 16)]
+    configs += [radix_config(1024, 4), radix_config(4096, 8)]
     for config in configs:
         for _ in range(3):  # races, if any, need repeats to show
             out = torch.full((rows, k), SENTINEL, dtype=torch.int32, device="cuda")

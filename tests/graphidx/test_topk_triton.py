@@ -305,6 +305,10 @@ def test_default_config_choice() -> None:
     assert default_config(2048, 128, 65536).programs_per_row == 1  # k above SPLIT_MAX_K
     assert default_config(2048, 128, 65536).groups == 8192
     assert default_config(512, 4096, 65536).programs_per_row == 1  # many rows
+    assert default_config(2048, 1, 1 << 20).radix  # one very wide row
+    assert not default_config(512, 1, 1 << 20).radix  # the split path at small k
+    assert not default_config(2048, 2, 1 << 20).radix
+    assert not default_config(2048, 2, 65600).radix
     assert default_config(512, 64, 32768).programs_per_row == 2  # 128 programs
     assert default_config(512, 8, 20000).programs_per_row == 4  # width-limited
     for width in (1, 4096, topk_kernels.WHOLE_ROW_COLUMNS):  # few narrow rows: held whole
@@ -746,7 +750,7 @@ def test_radix_many_row_batches_and_strided_rows(gen: torch.Generator) -> None:
 
 
 def test_radix_bad_config_raises_before_any_launch() -> None:
-    with pytest.raises(ValueError, match="config.chunk"):
+    with pytest.raises(ValueError, match=r"config\.chunk"):
         check_config(topk_kernels.radix_config(16384, 8), 10)
-    with pytest.raises(ValueError, match="config.capacity"):
+    with pytest.raises(ValueError, match=r"config\.capacity"):
         check_config(dataclasses.replace(topk_kernels.radix_config(64, 4), capacity=64), 10)

@@ -194,14 +194,14 @@ MIN_SLICE_GROUPS = 128
 """Groups per program at least: 512-byte contiguous pieces per GROUPS-column block."""
 MAX_PROGRAMS_PER_ROW = MAX_GROUPS // MIN_SLICE_GROUPS
 RADIX_PATH = -1
-RADIX_MAX_ROWS = 64
-"""Fewer rows than this, wider than WHOLE_ROW_COLUMNS, take the radix select (`topk_radix`):
-one program per row would leave most multiprocessors idle."""
-RADIX_MIN_CHUNK = 1024
-RADIX_MAX_CHUNK = 4096
-RADIX_TARGET_PROGRAMS = 512
-"""The radix select's slices halve from RADIX_MAX_CHUNK columns (down to RADIX_MIN_CHUNK)
-while a call has fewer programs than this (about four per multiprocessor)."""
+RADIX_MIN_WIDTH = 1 << 20
+"""A single row at least this wide, at k above SPLIT_MAX_K, takes the radix select
+(`topk_radix`, slices of RADIX_CHUNK columns at 8 warps). H200 graph replays, clean L2: one
+row of 1048576 columns at k 2048, 94.0 us against 167.6 on one program; everywhere else
+measured the radix select was slower (2 x 65600 at k 2048: 32.0-39.3 against 34.1; 8 rows
+65.5 against 34.9; 32 rows 204 against 36: its 2048-bin histograms cost more than the
+programs it spreads the row over save, docs/perf-notes.md)."""
+RADIX_CHUNK = 4096
 
 
 @dataclass(frozen=True)
@@ -242,17 +242,15 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
     with WIDE_ROW_WARPS warps, WIDE_ROW_CHUNK columns per step and at least WIDE_ROW_GROUPS
     groups at P = 1 from WIDE_ROW_COLUMNS on. Rows are held whole in registers
     (`whole_row_config`) up to WHOLE_ROW_NARROW columns, and up to WHOLE_ROW_COLUMNS when
-    k >= WHOLE_ROW_MIN_K or rows <= WHOLE_ROW_MAX_ROWS.
+    k >= WHOLE_ROW_MIN_K or rows <= WHOLE_ROW_MAX_ROWS; a single row of at least
+    RADIX_MIN_WIDTH columns at k > SPLIT_MAX_K takes the radix select.
     """
     if width <= WHOLE_ROW_NARROW or (
         width <= WHOLE_ROW_COLUMNS and (k >= WHOLE_ROW_MIN_K or rows <= WHOLE_ROW_MAX_ROWS)
     ):
         return whole_row_config(width)
-    if rows < RADIX_MAX_ROWS:
-        chunk = RADIX_MAX_CHUNK
-        while chunk > RADIX_MIN_CHUNK and rows * -(-width // chunk) < RADIX_TARGET_PROGRAMS:
-            chunk //= 2
-        return radix_config(chunk, 8)
+    if rows == 1 and width >= RADIX_MIN_WIDTH and k > SPLIT_MAX_K:
+        return radix_config(RADIX_CHUNK, 8)
     split = 1
     while (
         k <= SPLIT_MAX_K
