@@ -2,8 +2,9 @@
 
 One module per op family, each with its kernels and their launchers side by side:
 `logits` (dense paged MQA logits), `gather` (compact logits over a candidate pool and the
-remap of its top-k), `topk` (exact per-row top-k), `candidates` (pool resolution and the dense
-candidate mask), `schedule` (the device-built decode work schedule); `mxfp4_tl` holds the
+remap of its top-k), `topk` (exact per-row top-k; `topk_radix` its radix select for one very
+wide row, `topk_select` the selection helpers both share), `candidates` (pool resolution and
+the dense candidate mask), `schedule` (the device-built decode work schedule); `mxfp4_tl` holds the
 in-kernel MXFP4 decoding and page addressing that every logits kernel shares.
 
 The custom ops in `graphidx.ops` import these modules lazily, so importing graphidx never needs

@@ -1,10 +1,11 @@
-"""Exact top-k for few, long rows: a radix select spread over many programs per row.
+"""Exact top-k spread over many programs per row: a radix select.
 
-A small decode batch over a long context gives a few rows of 16K-1M columns; one program per
-row (the grouped path of `topk`) then keeps a few SMs busy for 25-30 us while the rest idle,
-and splitting the grouped path leaves its floor search and select serial. Here every row is
-cut into slices of STEP columns, one program per slice (grid: slices x rows), and the row's
-k-th largest key is found 11 bits at a time by counting, so no program ever searches:
+One program per row (the grouped path of `topk`) leaves most SMs idle on a very wide row; here
+every row is cut into slices of STEP columns, one program per slice (grid: slices x rows),
+and the row's k-th largest key is found 11 bits at a time by counting, so no program ever
+searches. `topk.default_config` takes it for one row of at least RADIX_MIN_WIDTH columns at
+k above SPLIT_MAX_K, the only shapes where the H200 measured it faster (docs/perf-notes.md:
+the histograms are instruction-bound, so at 2-64 rows of 64K columns it is slower):
 
 1. `_radix_high_kernel`: each program counts its slice's live keys by their top 11 bits
    (BINS bins, `tl.histogram`) and adds the nonzero counts to the row's histogram (relaxed
