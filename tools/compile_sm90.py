@@ -56,7 +56,7 @@ TOPK_CASES = {
     "topk512r16": (512, 16, 65536),
     "topk2048w8256": (2048, 2, 8256),
     "topk2048w8192": (2048, 2, 8192),
-    "topk2048r2": (2048, 2, 65600),
+    "topk2048w1m": (2048, 1, 1 << 20),
 }
 """name: (k, rows, columns); 16 rows of 65536 take the split path (P = 8), the narrow rows
 the whole-row kernel (V3.2's decode rows at an 8K context: W_PAD 16384 and 8192)."""

@@ -375,6 +375,22 @@ def test_long_rows_default_sizes(gen: torch.Generator, split: int) -> None:
     run(logits, lengths, 512, config)
 
 
+def tied_threshold_rows(width: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, big): 3 rows of distinct negatives (never reached) with large values and ties
+    at the k = 20 threshold in scattered columns `big`: row 0 6 large values, then 0.0 in
+    300 columns; row 1 8 large and 1.0 in 40 (more candidates than k, tied at 1.0); row 2 8
+    large and 2.0 in 15."""
+    rows = torch.full((3, width), -5.0) - torch.rand(3, width, generator=gen)
+    big = torch.randperm(width, generator=gen)[:306]
+    rows[0, big[:6]] = torch.arange(6, dtype=torch.float32) + 10.0
+    rows[0, big[6:]] = 0.0
+    rows[1, big[:8]] = torch.arange(8, dtype=torch.float32) + 10.0
+    rows[1, big[8:48]] = 1.0
+    rows[2, big[:8]] = torch.arange(8, dtype=torch.float32) + 10.0
+    rows[2, big[8:23]] = 2.0
+    return rows, big
+
+
 @pytest.mark.parametrize("split", [0, 1, 2, 4])
 def test_ties_at_the_threshold_picked_in_column_order(gen: torch.Generator, split: int) -> None:
     """When only some of the columns tied at the k-th value can be picked, the picks are the
@@ -384,18 +400,7 @@ def test_ties_at_the_threshold_picked_in_column_order(gen: torch.Generator, spli
     with more ties than the select's rank step takes (40) and with fewer (15: ranked by key,
     then column, `_emit_ranked`)."""
     width, k = 700, 20
-    rows = torch.full((3, width), -5.0)
-    rows -= torch.rand(3, width, generator=gen)  # distinct negatives, never reached
-    # Row 0: 6 large values, then 0.0 in 300 scattered columns (the threshold is 0.0).
-    big = torch.randperm(width, generator=gen)[:306]
-    rows[0, big[:6]] = torch.arange(6, dtype=torch.float32) + 10.0
-    rows[0, big[6:]] = 0.0
-    # Row 1: 8 large values and 1.0 in 40 columns: more candidates than k, tied at 1.0.
-    rows[1, big[:8]] = torch.arange(8, dtype=torch.float32) + 10.0
-    rows[1, big[8:48]] = 1.0
-    # Row 2: 8 large values and 2.0 in 15 columns.
-    rows[2, big[:8]] = torch.arange(8, dtype=torch.float32) + 10.0
-    rows[2, big[8:23]] = 2.0
+    rows, big = tied_threshold_rows(width, gen)
     lengths = torch.full((3,), width, dtype=torch.int32)
     for config in (small_config(k, split, groups=64, capacity=64), None):
         out = torch.full((3, k), SENTINEL, dtype=torch.int32)
@@ -724,14 +729,7 @@ def test_radix_ties_at_the_threshold_picked_in_column_order(gen: torch.Generator
     """The rows of the tie test above on the radix path: few staged keys (the rank step) and
     hundreds of equal keys (the whole-row selection at capacity 128, searches at 1024)."""
     width, k = 700, 20
-    rows = torch.full((3, width), -5.0) - torch.rand(3, width, generator=gen)
-    big = torch.randperm(width, generator=gen)[:306]
-    rows[0, big[:6]] = torch.arange(6, dtype=torch.float32) + 10.0
-    rows[0, big[6:]] = 0.0
-    rows[1, big[:8]] = torch.arange(8, dtype=torch.float32) + 10.0
-    rows[1, big[8:48]] = 1.0
-    rows[2, big[:8]] = torch.arange(8, dtype=torch.float32) + 10.0
-    rows[2, big[8:23]] = 2.0
+    rows, _ = tied_threshold_rows(width, gen)
     lengths = torch.full((3,), width, dtype=torch.int32)
     for capacity in (128, 1024):
         config = dataclasses.replace(topk_kernels.radix_config(64, 4), capacity=capacity)

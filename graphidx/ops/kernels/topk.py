@@ -111,6 +111,7 @@ from graphidx.ops.kernels.topk_select import (
     _order_key,
     _run_prefix,
     _select_from_row,
+    row_length,
 )
 
 FLOOR_SLACK = tl.constexpr(8)
@@ -809,7 +810,7 @@ def _topk_row_kernel(
     smallest maximum, and the select then falls back to whole-row passes)."""
     wait_for_prior_kernels()
     row = tl.program_id(0).to(tl.int64)
-    n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
+    n = row_length(lengths_ptr, row, width)
     src = logits_ptr + row * row_stride
     dst = out_ptr + row * out_row_stride
     candidates = scratch_ptr + row * ROW_INTS
@@ -887,7 +888,7 @@ def _topk_whole_row_kernel(
     holds a shorter one)."""
     wait_for_prior_kernels()
     row = tl.program_id(0).to(tl.int64)
-    n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
+    n = row_length(lengths_ptr, row, width)
     src = logits_ptr + row * row_stride
     dst = out_ptr + row * out_row_stride
     stage = stage_ptr + row * (2 * BRACKET)
@@ -948,7 +949,7 @@ def _split_floor_kernel(
     wait_for_prior_kernels()
     piece = tl.program_id(0) * GS
     row = tl.program_id(1).to(tl.int64)
-    n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
+    n = row_length(lengths_ptr, row, width)
     maxima = scratch_ptr + row * ROW_INTS + MAXIMA_AT
     counters = counters_ptr + row * COUNTER_SLOTS
     group_max = _group_maxima(logits_ptr + row * row_stride, n, piece, GROUPS, GS, BLOCKS)
@@ -987,7 +988,7 @@ def _split_collect_kernel(
     wait_for_prior_kernels()
     piece = tl.program_id(0) * GS
     row = tl.program_id(1).to(tl.int64)
-    n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
+    n = row_length(lengths_ptr, row, width)
     src = logits_ptr + row * row_stride
     candidates = scratch_ptr + row * ROW_INTS
     ties = candidates + CAP

@@ -49,6 +49,7 @@ from graphidx.ops.kernels.topk_select import (
     _order_key,
     _run_prefix,
     _select_from_row,
+    row_length,
 )
 
 BINS = tl.constexpr(2048)
@@ -110,10 +111,15 @@ def _last_to_arrive(arrivals):
 
 
 @triton.jit
-def _bin_of_kth(counts_ptr, need):
-    """(b, count in bins above b) for the row's histogram at counts_ptr: b is the bin holding
-    the need-th largest counted key (1 <= need <= the total)."""
-    counts = tl.load(counts_ptr + tl.arange(0, BINS), cache_modifier=".cg")
+def _row_counts(counts_ptr):
+    """The row's histogram, read through L2 (other programs' atomics wrote it)."""
+    return tl.load(counts_ptr + tl.arange(0, BINS), cache_modifier=".cg")
+
+
+@triton.jit
+def _bin_of_kth(counts, need):
+    """(b, count in bins above b) for a row's histogram: b is the bin holding the need-th
+    largest counted key (1 <= need <= the total)."""
     at_or_above = tl.sum(counts) - (tl.cumsum(counts, 0) - counts)  # keys in bins >= b
     bins = tl.arange(0, BINS)
     b = tl.max(tl.where(at_or_above >= need, bins, -1))
@@ -128,17 +134,18 @@ def _radix_high_kernel(logits_ptr, lengths_ptr, state_ptr, row_stride, width, k,
     wait_for_prior_kernels()
     first = tl.program_id(0) * STEP
     row = tl.program_id(1).to(tl.int64)
-    n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
+    n = row_length(lengths_ptr, row, width)
     state = state_ptr + row * STATE_INTS
     if first < n:
         _, key = _slice_keys(logits_ptr + row * row_stride, n, first, STEP, QUADS)
         _add_counts(state + HIGH_COUNTS, (key >> HIGH_SHIFT).to(tl.int32), key > 0, STEP)
     if _last_to_arrive(state + HIGH_ARRIVALS):
-        live = tl.sum(tl.load(state + HIGH_COUNTS + tl.arange(0, BINS), cache_modifier=".cg"))
+        counts = _row_counts(state + HIGH_COUNTS)
+        live = tl.sum(counts)
         high_bin = tl.full([], NO_BIN, tl.int32)
         above = live
         if live > k:
-            high_bin, above = _bin_of_kth(state + HIGH_COUNTS, k)
+            high_bin, above = _bin_of_kth(counts, k)
         tl.store(state + HIGH_BIN, high_bin)
         tl.store(state + ABOVE_HIGH, above)
 
@@ -151,7 +158,7 @@ def _radix_low_kernel(logits_ptr, lengths_ptr, state_ptr, row_stride, width, k,
     wait_for_prior_kernels()
     first = tl.program_id(0) * STEP
     row = tl.program_id(1).to(tl.int64)
-    n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
+    n = row_length(lengths_ptr, row, width)
     state = state_ptr + row * STATE_INTS
     high_bin = tl.load(state + HIGH_BIN)
     if (first < n) & (high_bin != NO_BIN):
@@ -164,7 +171,7 @@ def _radix_low_kernel(logits_ptr, lengths_ptr, state_ptr, row_stride, width, k,
         above = tl.load(state + ABOVE_HIGH)
         prefix = tl.full([], TAKE_ALL, tl.int32)
         if high_bin != NO_BIN:
-            low_bin, above_low = _bin_of_kth(state + LOW_COUNTS, k - above)
+            low_bin, above_low = _bin_of_kth(_row_counts(state + LOW_COUNTS), k - above)
             prefix = (high_bin << 11) | low_bin
             above += above_low
         tl.store(state + PREFIX, prefix)
@@ -180,7 +187,7 @@ def _radix_collect_kernel(logits_ptr, lengths_ptr, out_ptr, state_ptr, scratch_p
     wait_for_prior_kernels()
     first = tl.program_id(0) * STEP
     row = tl.program_id(1).to(tl.int64)
-    n = tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
+    n = row_length(lengths_ptr, row, width)
     state = state_ptr + row * STATE_INTS
     src = logits_ptr + row * row_stride
     dst = out_ptr + row * out_row_stride

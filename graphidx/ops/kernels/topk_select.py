@@ -288,3 +288,9 @@ def _select_from_row(src, n, k, dst, STEP: tl.constexpr):
         tl.store(dst + slot_tied, col, mask=tied & (slot_tied < k))
         above_run += tl.sum(above.to(tl.int32), axis=0)
         tied_run += tl.sum(tied.to(tl.int32), axis=0)
+
+
+@triton.jit
+def row_length(lengths_ptr, row, width):
+    """Row `row`'s length clamped to [0, width] (the contract's clamp of `lengths`)."""
+    return tl.minimum(tl.maximum(tl.load(lengths_ptr + row), 0), width)
