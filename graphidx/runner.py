@@ -206,6 +206,12 @@ class IndexerGraphRunner:
         self._padded: dict[int, StepShape | None] = {}
         self._offset_ramp: np.ndarray | None = None  # 0, next_n, 2 next_n, ... (`_uniform_offsets`)
         self._views: dict[int, tuple[LayerInput, ...]] = {}
+        h, d = config.num_heads, config.head_dim
+        self._input_specs = (  # (field, dtype, shape after the token dimension)
+            ("q", torch.uint8, (h, d // 2)),
+            ("q_scale", torch.uint8, (h, d // 32)),
+            ("weights", torch.float32, (h,)),
+        )
         self._topk_views: dict[int, torch.Tensor] = {}
         # The live-request count last written to the device (None: unknown): a step with the
         # same count skips the write.
@@ -553,15 +559,9 @@ class IndexerGraphRunner:
     def _check_layer_input(self, i: int, inp: LayerInput, num_tokens: int) -> None:
         if not isinstance(inp, LayerInput):
             raise ValueError(f"layer_inputs[{i}] must be a LayerInput, got {type(inp).__name__}")
-        cfg = self.config
-        want = {
-            "q": ((cfg.num_heads, cfg.head_dim // 2), torch.uint8),
-            "q_scale": ((cfg.num_heads, cfg.head_dim // 32), torch.uint8),
-            "weights": ((cfg.num_heads,), torch.float32),
-        }
-        for name, (tail, dtype) in want.items():
+        for name, dtype, tail in self._input_specs:
             t = getattr(inp, name)
-            if t.dtype != dtype or tuple(t.shape[1:]) != tail or t.shape[0] < num_tokens:
+            if t.dtype != dtype or t.shape[1:] != tail or t.shape[0] < num_tokens:
                 raise ValueError(
                     f"layer_inputs[{i}].{name} must be {dtype} [>= {num_tokens}, "
                     f"{', '.join(map(str, tail))}], got {t.dtype} {tuple(t.shape)}"
@@ -581,15 +581,16 @@ class IndexerGraphRunner:
         them zero context."""
         b = self.buffers
         live = batch.num_real_reqs
-        _copy_rows(b["seq_lens"], batch.seq_lens, live)
-        _copy_rows(b["block_table"], batch.block_table, live)
+        pairs = [(b["seq_lens"], batch.seq_lens, live), (b["block_table"], batch.block_table, live)]
         if self._rows_from_device:
-            _copy_rows(b["query_start_loc"], batch.query_start_loc, live + 1)
+            pairs.append((b["query_start_loc"], batch.query_start_loc, live + 1))
+        if layer_inputs:
+            for view, inp in zip(self.input_views(num_real), layer_inputs, strict=True):
+                pairs.append((view.q, inp.q, num_real))
+                pairs.append((view.q_scale, inp.q_scale, num_real))
+                pairs.append((view.weights, inp.weights, num_real))
+        _copy_rows(pairs)
         self._write_live_count(live)
-        for i, inp in enumerate(layer_inputs or ()):
-            _copy_rows(b[f"q.{i}"], inp.q, num_real)
-            _copy_rows(b[f"q_scale.{i}"], inp.q_scale, num_real)
-            _copy_rows(b[f"weights.{i}"], inp.weights, num_real)
 
     def _on_persistent_table(self, batch: StepBatch) -> StepBatch:
         """`batch` with its block table copied into the persistent one (rows [0, num_reqs),
@@ -599,7 +600,7 @@ class IndexerGraphRunner:
         whatever the width, stride or alignment of the caller's table."""
         table = self.buffers["block_table"]
         reqs = batch.num_reqs
-        _copy_rows(table, batch.block_table, reqs)
+        _copy_rows([(table, batch.block_table, reqs)])
         return StepBatch(
             batch.query_start_loc_cpu,
             batch.seq_lens_upper_bound,
@@ -681,11 +682,29 @@ def _check_dcp(
     return group
 
 
-def _copy_rows(dst: torch.Tensor, src: torch.Tensor, rows: int) -> None:
-    """dst[:rows, :width] = src[:rows] unless src already is that view of dst."""
-    if src.data_ptr() == dst.data_ptr() and src.stride() == dst.stride():
-        return
-    if src.dim() == 2 and dst.dim() == 2:
-        dst[:rows, : src.shape[1]].copy_(src[:rows], non_blocking=True)
-    else:
-        dst[:rows].copy_(src[:rows], non_blocking=True)
+def _copy_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, int]]) -> None:
+    """`dst[:rows, :width] = src[:rows]` for every `(dst, src, rows)`, except where src already
+    is that view of dst. The copies between contiguous views of one dtype go as bytes in one
+    `torch._foreach_copy_` (a single launch on a GPU); any other pair is one `copy_`."""
+    dsts: list[torch.Tensor] = []
+    srcs: list[torch.Tensor] = []
+    for dst, src, rows in pairs:
+        if src.data_ptr() == dst.data_ptr() and src.stride() == dst.stride():
+            continue
+        if dst.shape[0] == rows and dst.shape[1:] == src.shape[1:]:
+            view = dst
+        elif src.dim() == 2 and dst.dim() == 2:
+            view = dst[:rows, : src.shape[1]]
+        else:
+            view = dst[:rows]
+        part = src if src.shape[0] == rows else src[:rows]
+        if src.dtype != dst.dtype or not (view.is_contiguous() and part.is_contiguous()):
+            view.copy_(part, non_blocking=True)
+        elif dst.dtype == torch.uint8:
+            dsts.append(view)
+            srcs.append(part)
+        else:
+            dsts.append(view.view(torch.uint8))
+            srcs.append(part.view(torch.uint8))
+    if dsts:
+        torch._foreach_copy_(dsts, srcs, non_blocking=True)

@@ -280,18 +280,29 @@ def test_a_replayed_step_dispatches_only_its_copies() -> None:
         for name in ("q", "q_scale", "weights"):
             getattr(view, name).copy_(getattr(given, name)[:n])
 
+    # The contiguous copies (seq_lens; with the inputs, every q / q_scale / weights) go in one
+    # foreach; the case's block table is narrower than the runner's, so it is a copy of its own.
+    assert case.batch.block_table.shape[1] < runner.buffers["block_table"].shape[1]
+    one_foreach_and_the_table = Counter({"_foreach_copy_": 1, "copy_": 1})
     in_place = _ops_outside_replay(runner, lambda: runner.step(case.batch, views))
-    assert in_place == Counter({"copy_": 2})  # seq_lens, block table; same live count
+    assert in_place == one_foreach_and_the_table  # same live count: no fill
     copied = _ops_outside_replay(runner, lambda: runner.step(case.batch, case.inputs))
-    assert copied == Counter({"copy_": 2 + 3 * STACK.num_layers})
-    assert runner.counters.replayed == 3
+    assert copied == one_foreach_and_the_table
+    full_width = dataclasses.replace(
+        case.batch,
+        block_table=runner.buffers["block_table"][: case.batch.num_reqs].clone(),
+        validate=False,
+    )
+    whole = _ops_outside_replay(runner, lambda: runner.step(full_width, case.inputs))
+    assert whole == Counter({"_foreach_copy_": 1})
+    assert runner.counters.replayed == 4
     got = torch.sort(runner.step(case.batch, views).topk.long(), -1).values
     assert torch.equal(got, want)
     other = _replayable_decode(gen)
     while other.batch.num_real_reqs == case.batch.num_real_reqs:
         other = _replayable_decode(gen)
     changed = _ops_outside_replay(runner, lambda: runner.step(other.batch, other.inputs))
-    assert changed == Counter({"copy_": 2 + 3 * STACK.num_layers, "fill_": 1})  # + live count
+    assert changed == one_foreach_and_the_table + Counter({"fill_": 1})  # + live count
     with pytest.raises(ValueError, match="num_tokens = -1"):
         runner.input_views(-1)
 
