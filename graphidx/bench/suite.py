@@ -12,14 +12,7 @@ from pathlib import Path
 
 import torch
 
-from graphidx.bench.cases import (
-    dense_decode_case,
-    gather_case,
-    logits_read_case,
-    prefill_case,
-    skewed_decode_cases,
-    topk_cases,
-)
+from graphidx.bench import cases as bench_cases
 from graphidx.bench.report import format_table, write_outputs
 from graphidx.bench.roofline import (
     NOMINAL_COPY_BYTES_PER_S,
@@ -40,26 +33,32 @@ def run_benchmarks(
     ceilings = ceilings or Ceilings()
     div = 4 if quick else 1
     cases: list[tuple[str, Callable[[], list[CaseResult]]]] = [
-        ("dense decode H64", lambda: [dense_decode_case(
+        ("dense decode H64", lambda: [bench_cases.dense_decode_case(
             "dense decode", 64, 2, [16384 // div] * 64, 64, ceilings, device)]),
-        ("dense decode H64 fp8", lambda: [dense_decode_case(
+        ("dense decode H64 fp8", lambda: [bench_cases.dense_decode_case(
             "dense decode fp8", 64, 2, [16384 // div] * 64, 64, ceilings, device,
             precision="fp8")]),
-        ("dense decode H32", lambda: [dense_decode_case(
+        ("dense decode H32", lambda: [bench_cases.dense_decode_case(
             "dense decode", 32, 2, [65536 // div] * 64, 128, ceilings, device)]),
-        ("dense decode H32 fp8", lambda: [dense_decode_case(
+        ("dense decode H32 fp8", lambda: [bench_cases.dense_decode_case(
             "dense decode fp8", 32, 2, [65536 // div] * 64, 128, ceilings, device,
             precision="fp8")]),
-        ("prefill", lambda: [prefill_case(64, 4096 // div, 32768 // div, ceilings, device)]),
-        ("prefill fp8", lambda: [prefill_case(64, 4096 // div, 32768 // div, ceilings, device,
-                                              name="prefill chunk fp8", precision="fp8")]),
-        ("gather", lambda: [gather_case(32, 2, 64, 65536 // div, 2048, 8, ceilings, device)]),
-        ("gather fp8", lambda: [gather_case(32, 2, 64, 65536 // div, 2048, 8, ceilings, device,
-                                            name="gather fp8", precision="fp8")]),
-        ("one read", lambda: [logits_read_case(128, 65536, ceilings, device)]),
-        ("top-k 512", lambda: topk_cases(128, 65536, 512, ceilings, device, one_read())),
-        ("top-k 2048", lambda: topk_cases(128, 65536, 2048, ceilings, device, one_read())),
-        ("skewed decode", lambda: skewed_decode_cases(ceilings, device, scale=div)),
+        ("prefill", lambda: [bench_cases.prefill_case(
+            64, 4096 // div, 32768 // div, ceilings, device)]),
+        ("prefill fp8", lambda: [bench_cases.prefill_case(
+            64, 4096 // div, 32768 // div, ceilings, device, name="prefill chunk fp8",
+            precision="fp8")]),
+        ("gather", lambda: [bench_cases.gather_case(
+            32, 2, 64, 65536 // div, 2048, 8, ceilings, device)]),
+        ("gather fp8", lambda: [bench_cases.gather_case(
+            32, 2, 64, 65536 // div, 2048, 8, ceilings, device, name="gather fp8",
+            precision="fp8")]),
+        ("one read", lambda: [bench_cases.logits_read_case(128, 65536, ceilings, device)]),
+        ("top-k 512", lambda: bench_cases.topk_cases(
+            128, 65536, 512, ceilings, device, one_read())),
+        ("top-k 2048", lambda: bench_cases.topk_cases(
+            128, 65536, 2048, ceilings, device, one_read())),
+        ("skewed decode", lambda: bench_cases.skewed_decode_cases(ceilings, device, scale=div)),
     ]  # fmt: skip
     results: list[CaseResult] = []
 

@@ -15,11 +15,9 @@ values are all covered. Bad configurations raise ValueError before any kernel ru
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
-from helpers import across_gloo_ranks
+from helpers import DcpSetup, across_gloo_ranks
 
 from capture import GraphCache, StepShape
 from graphidx.batch import StepBatch
@@ -34,8 +32,6 @@ from graphidx.indexer import candidate_consumer, dense_indexer
 from graphidx.runner import IndexerStack, LayerInput
 from graphidx.testing import (
     StepCase,
-    StepGenerator,
-    context_parallel_config,
     rank_batch,
     request_contexts,
     run_gloo_ranks,
@@ -45,7 +41,6 @@ from graphidx.testing import (
 from graphidx.workspace import IndexerWorkspace
 
 BACKEND = "reference"
-NUM_PAGES = 96
 KINDS = (
     "decode",
     "ragged",
@@ -56,38 +51,11 @@ KINDS = (
     "pad-vllm-arange",
     "pad-sglang-fill1",
 )
-
-
-@dataclass(frozen=True)
-class Setup:
-    """One model shape and sharding: the W = 1 config's fields, the interleave S, a seed."""
-
-    name: str
-    next_n: int
-    ratio: int
-    interleave: int
-    seed: int
-    max_context: int
-
-    def config(self, world_size: int = 1, rank: int = 0) -> IndexerConfig:
-        return context_parallel_config(
-            self.next_n, self.ratio, 0, self.interleave, world_size, rank
-        )
-
-    def generator(self) -> StepGenerator:
-        return StepGenerator(
-            self.config(),
-            IndexerStack(dense=1),
-            num_pages=NUM_PAGES,
-            seed=self.seed,
-            max_context=self.max_context,
-        )
-
-
+DENSE = IndexerStack(dense=1)
 SETUPS = (
-    Setup("spec2-s1", next_n=2, ratio=1, interleave=1, seed=11, max_context=1500),
-    Setup("r4-s16", next_n=1, ratio=4, interleave=16, seed=12, max_context=6000),
-    Setup("spec2-s64", next_n=2, ratio=1, interleave=64, seed=13, max_context=2000),
+    DcpSetup("spec2-s1", DENSE, 2, 1, 0, 1, seed=11, max_context=1500),
+    DcpSetup("r4-s16", DENSE, 1, 4, 0, 16, seed=12, max_context=6000),
+    DcpSetup("spec2-s64", DENSE, 2, 1, 0, 64, seed=13, max_context=2000),
 )
 
 
@@ -111,35 +79,25 @@ def run_dense(
     return _layer(config, metadata, kv_cache, layer, dcp)
 
 
-def run_captured(
+def run_uniform(
     config: IndexerConfig,
     batch: StepBatch,
     kv_cache: torch.Tensor,
     layer: LayerInput,
     dcp: ContextParallelGroup | None = None,
-) -> torch.Tensor:
+) -> dict[str, torch.Tensor]:
     """A uniform decode step through `uniform_decode` (the captured shape's metadata, derived
-    on the device), its last request declared padding by the live count."""
-    builder = IndexerMetadataBuilder(config, "cpu", num_pages=kv_cache.shape[0])
-    live = torch.tensor([max(1, batch.num_reqs - 1)], dtype=torch.int32)
-    captured = builder.uniform_decode(
-        batch.num_reqs, batch.seq_lens, batch.block_table, live, backend=BACKEND
-    )
-    captured.derive()
-    return _layer(config, captured.metadata, kv_cache, layer, dcp)
-
-
-def run_taped(
-    config: IndexerConfig,
-    batch: StepBatch,
-    kv_cache: torch.Tensor,
-    layer: LayerInput,
-    dcp: ContextParallelGroup | None = None,
-) -> torch.Tensor:
-    """`run_captured` as a graph: the derive and the layer captured on the tape over other
-    values (half the contexts, every request live, rolled queries), then the step's values
-    written into the persistent inputs and the tape replayed."""
+    on the device), its last request declared padding by the live count, two ways: `captured`
+    derives and runs the layer at once; `tape` captures the derive and the layer on the tape
+    over other values (half the contexts, every request live, rolled queries), then writes
+    the step's values into the persistent inputs and replays the tape."""
     n, next_n = batch.num_reqs, config.next_n
+    builder = IndexerMetadataBuilder(config, "cpu", num_pages=kv_cache.shape[0])
+    real = torch.tensor([max(1, n - 1)], dtype=torch.int32)
+    direct = builder.uniform_decode(n, batch.seq_lens, batch.block_table, real, backend=BACKEND)
+    direct.derive()
+    results = {"captured": _layer(config, direct.metadata, kv_cache, layer, dcp)}
+
     seq_lens = (batch.seq_lens // 2).clamp(min=next_n)
     live = torch.tensor([n], dtype=torch.int32)
     q, q_scale, weights = (t.roll(1, 0).clone() for t in (layer.q, layer.q_scale, layer.weights))
@@ -165,7 +123,8 @@ def run_taped(
     weights.copy_(layer.weights)
     out.fill_(-7)
     graphs.replay(shape)
-    return out
+    results["tape"] = out
+    return results
 
 
 def _layer(
@@ -200,11 +159,10 @@ def is_uniform(case: StepCase) -> bool:
     )
 
 
-def step_cases(setup: Setup) -> tuple[torch.Tensor, list[StepCase]]:
+def step_cases(setup: DcpSetup) -> tuple[torch.Tensor, list[StepCase]]:
     """The setup's single-rank cache and its steps (identical in every process)."""
-    gen = setup.generator()
-    (cache,) = gen.kv_caches()
-    return cache, [gen.case(kind) for kind in KINDS]
+    (cache,), cases = setup.cases(KINDS)
+    return cache, cases
 
 
 # --- the ranks --------------------------------------------------------------------------------
@@ -229,10 +187,8 @@ def _rank_results(rank: int, world_size: int) -> dict[str, torch.Tensor]:
                     config, batch, rank_cache, layer, full_graph=full_graph, dcp=dcp
                 )
             if is_uniform(case):
-                results[f"{setup.name}/{i}/captured"] = run_captured(
-                    config, batch, rank_cache, layer, dcp
-                )
-                results[f"{setup.name}/{i}/tape"] = run_taped(config, batch, rank_cache, layer, dcp)
+                for way, out in run_uniform(config, batch, rank_cache, layer, dcp).items():
+                    results[f"{setup.name}/{i}/{way}"] = out
     return results
 
 
@@ -272,9 +228,9 @@ def _single_rank_answers() -> dict[str, torch.Tensor]:
                 results[key] = run_dense(config, case.batch, cache, layer, full_graph=full_graph)
             if is_uniform(case):
                 key = f"{setup.name}/{i}"
-                results[f"{key}/captured"] = run_captured(config, case.batch, cache, layer)
-                results[f"{key}/tape"] = run_taped(config, case.batch, cache, layer)
-                assert torch.equal(results[f"{key}/tape"], results[f"{key}/captured"]), key
+                uniform = run_uniform(config, case.batch, cache, layer)
+                assert torch.equal(uniform["tape"], uniform["captured"]), key
+                results.update({f"{key}/{way}": out for way, out in uniform.items()})
     return results
 
 
@@ -295,7 +251,7 @@ def test_dense_layer_across_gloo_ranks_equals_one_rank(world_size: int) -> None:
 
 
 @pytest.mark.parametrize("setup", SETUPS, ids=lambda s: s.name)
-def test_builder_plans_the_rank_local_lengths(setup: Setup) -> None:
+def test_builder_plans_the_rank_local_lengths(setup: DcpSetup) -> None:
     """Each rank's builder holds `local_lengths` of the single-rank context lengths, decode
     row ends and prefill row ends, and rank-local logits widths; the ranks' shares sum to
     the single-rank values."""

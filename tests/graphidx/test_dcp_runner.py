@@ -15,11 +15,9 @@ paths.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
-from helpers import across_gloo_ranks, needs_gloo
+from helpers import DcpSetup, across_gloo_ranks, needs_gloo
 
 from capture import CaptureSizes
 from graphidx.builder import CandidateIndexerMetadataBuilder
@@ -27,48 +25,19 @@ from graphidx.config import IndexerConfig
 from graphidx.distributed import ContextParallel, ContextParallelGroup
 from graphidx.runner import IndexerGraphRunner, IndexerStack
 from graphidx.testing import (
-    StepCase,
-    StepGenerator,
-    context_parallel_config,
     rank_cache_pages,
     run_gloo_ranks,
     selection_order,
     shard_case,
 )
 
-NUM_PAGES = 96
 KINDS = ("decode", "decode", "ragged", "padded", "mixed", "prefill", "pad-vllm-zero")
 MODES = ("unpadded", "padded", "normal", "masked")
 
 
-@dataclass(frozen=True)
-class Setup:
-    """A stack and the W = 1 config's fields that differ between setups."""
-
-    name: str
-    stack: IndexerStack
-    next_n: int
-    ratio: int
-    candidate_block_size: int
-    interleave: int
-    seed: int
-
-    def config(self, world_size: int = 1, rank: int = 0) -> IndexerConfig:
-        return context_parallel_config(
-            self.next_n, self.ratio, self.candidate_block_size, self.interleave, world_size, rank
-        )
-
-    def cases(self) -> tuple[list[torch.Tensor], list[StepCase]]:
-        """The single-rank caches and the steps (identical in every process)."""
-        gen = StepGenerator(
-            self.config(), self.stack, num_pages=NUM_PAGES, seed=self.seed, max_context=1500
-        )
-        return gen.kv_caches(), [gen.case(kind) for kind in KINDS]
-
-
 SETUPS = (
-    Setup("v41", IndexerStack(dense=1, candidate_source=True, consumers=2), 2, 1, 8, 8, seed=22),
-    Setup("v41-r4", IndexerStack(candidate_source=True, consumers=1), 1, 4, 8, 16, seed=23),
+    DcpSetup("v41", IndexerStack(dense=1, candidate_source=True, consumers=2), 2, 1, 8, 8, seed=22),
+    DcpSetup("v41-r4", IndexerStack(candidate_source=True, consumers=1), 1, 4, 8, 16, seed=23),
 )
 
 
@@ -91,10 +60,10 @@ def runner_for(
     )  # fmt: skip
 
 
-def _setup_results(setup: Setup, world_size: int, rank: int) -> dict[str, torch.Tensor]:
+def _setup_results(setup: DcpSetup, world_size: int, rank: int) -> dict[str, torch.Tensor]:
     config = setup.config(world_size, rank)
     dcp = ContextParallelGroup(ContextParallel.from_config(config))
-    caches, cases = setup.cases()
+    caches, cases = setup.cases(KINDS)
     width = caches[0].shape[1]
     rank_caches = [torch.zeros(rank_cache_pages(config), width, dtype=torch.uint8) for _ in caches]
     runner = runner_for(config, setup.stack, rank_caches, dcp=dcp)
@@ -147,7 +116,7 @@ def _single_rank_results() -> dict[str, torch.Tensor]:
     results: dict[str, torch.Tensor] = {}
     with selection_order():
         for setup in SETUPS:
-            caches, cases = setup.cases()
+            caches, cases = setup.cases(KINDS)
             runner = runner_for(setup.config(), setup.stack, caches)
             for i, case in enumerate(cases):
                 run = runner.step(case.reference, case.inputs, pad=False)

@@ -9,15 +9,8 @@ from typing import Any
 import pytest
 import torch
 
+from graphidx import ops
 from graphidx.mxfp4 import cache_layout, quantize_mxfp4
-from graphidx.ops import (
-    apply_candidate_mask,
-    gather_mqa_logits,
-    paged_mqa_logits,
-    remap_compact_topk,
-    resolve_candidate_pool,
-    topk_per_row,
-)
 
 NAN = float("nan")
 SENTINEL = -777
@@ -71,12 +64,12 @@ GATHER_POSITIONAL = (*OPERANDS, "positions", "live_cols", "out")
 
 def _run_logits(args: Args) -> None:
     positional, keywords = _positional(args, LOGITS_POSITIONAL)
-    paged_mqa_logits(*positional, **keywords)
+    ops.paged_mqa_logits(*positional, **keywords)
 
 
 def _run_gather(args: Args) -> None:
     positional, keywords = _positional(args, GATHER_POSITIONAL)
-    gather_mqa_logits(*positional, **keywords)
+    ops.gather_mqa_logits(*positional, **keywords)
 
 
 def _set(name: str, value: Callable[[Args], Any]) -> Callable[[Args], None]:
@@ -233,10 +226,10 @@ def test_topk_per_row_rejects(gen: torch.Generator) -> None:
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
-            topk_per_row(*call, backend="reference")
+            ops.topk_per_row(*call, backend="reference")
         assert torch.all(out == SENTINEL)
     with pytest.raises(ValueError, match="backend"):
-        topk_per_row(logits, lengths, 4, out, backend="cuda")
+        ops.topk_per_row(logits, lengths, 4, out, backend="cuda")
     assert torch.all(out == SENTINEL)
 
 
@@ -254,7 +247,7 @@ def test_pool_mask_remap_reject() -> None:
     ]
     for call, message in pool_cases:
         with pytest.raises(ValueError, match=message):
-            resolve_candidate_pool(*call, backend="reference")
+            ops.resolve_candidate_pool(*call, backend="reference")
         assert torch.all(positions == SENTINEL) and torch.all(live == SENTINEL)
 
     logits = torch.full((2, 20), NAN)
@@ -265,7 +258,7 @@ def test_pool_mask_remap_reject() -> None:
         ((logits, first, -1), "candidate_block_size must be"),
     ]:
         with pytest.raises(ValueError, match=message):
-            apply_candidate_mask(*call, backend="reference")
+            ops.apply_candidate_mask(*call, backend="reference")
         assert torch.all(torch.isnan(logits))
 
     compact = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
@@ -277,7 +270,7 @@ def test_pool_mask_remap_reject() -> None:
         ((compact, first, SIZE, out[:, :1]), "out must have shape"),
     ]:
         with pytest.raises(ValueError, match=message):
-            remap_compact_topk(*call, backend="reference")
+            ops.remap_compact_topk(*call, backend="reference")
         assert torch.all(out == SENTINEL)
 
 

@@ -37,28 +37,17 @@ import torch
 import triton
 import triton.language as tl
 
+from graphidx.ops.kernels import topk_select as sel
 from graphidx.ops.kernels.launch import launch
 from graphidx.ops.kernels.ptx import wait_for_prior_kernels
-from graphidx.ops.kernels.topk_select import (
-    FALLBACK_STEP,
-    KEY_NEG_INF,
-    RANK_KEYS,
-    _emit_ranked,
-    _key_range,
-    _kth_largest_key,
-    _order_key,
-    _run_prefix,
-    _select_from_row,
-    row_length,
-)
 
 BINS = tl.constexpr(2048)
 """Bins per radix digit (11 bits): two digits resolve a key's top 22 bits."""
 HIGH_SHIFT = tl.constexpr(21)
 LOW_SHIFT = tl.constexpr(10)
-NO_BIN = tl.constexpr(KEY_NEG_INF.value >> 21)
+NO_BIN = tl.constexpr(sel.KEY_NEG_INF.value >> 21)
 """A high bin no live key has (live keys exceed KEY_NEG_INF): the row takes every live key."""
-TAKE_ALL = tl.constexpr(KEY_NEG_INF.value >> 10)
+TAKE_ALL = tl.constexpr(sel.KEY_NEG_INF.value >> 10)
 """The PREFIX below every live key's top 22 bits: all of them are picks, none staged."""
 MAX_STEP = 8192
 """Widest slice: the collect numbers picks and staged keys in 16-bit halves of one sum."""
@@ -76,7 +65,7 @@ STAGED = tl.constexpr(8)
 HIGH_COUNTS = tl.constexpr(16)
 LOW_COUNTS = tl.constexpr(16 + BINS.value)
 STATE_INTS = tl.constexpr(16 + 2 * BINS.value)
-STAGE_INTS = tl.constexpr(2 * RANK_KEYS.value)
+STAGE_INTS = tl.constexpr(2 * sel.RANK_KEYS.value)
 """The rank step's stage (uint64 per key) at the start of a row's scratch; staged columns
 follow."""
 
@@ -91,8 +80,8 @@ def _slice_keys(src, n, first, STEP: tl.constexpr, QUADS: tl.constexpr):
         value = tl.load(src + col, mask=col // 4 * 4 < n, other=float("-inf"))
     else:
         value = tl.load(src + col, mask=col < n, other=float("-inf"))
-    key = _order_key(value)
-    return col, tl.where((col < n) & (key > KEY_NEG_INF), key, 0)
+    key = sel._order_key(value)
+    return col, tl.where((col < n) & (key > sel.KEY_NEG_INF), key, 0)
 
 
 @triton.jit
@@ -134,7 +123,7 @@ def _radix_high_kernel(logits_ptr, lengths_ptr, state_ptr, row_stride, width, k,
     wait_for_prior_kernels()
     first = tl.program_id(0) * STEP
     row = tl.program_id(1).to(tl.int64)
-    n = row_length(lengths_ptr, row, width)
+    n = sel.row_length(lengths_ptr, row, width)
     state = state_ptr + row * STATE_INTS
     if first < n:
         _, key = _slice_keys(logits_ptr + row * row_stride, n, first, STEP, QUADS)
@@ -158,7 +147,7 @@ def _radix_low_kernel(logits_ptr, lengths_ptr, state_ptr, row_stride, width, k,
     wait_for_prior_kernels()
     first = tl.program_id(0) * STEP
     row = tl.program_id(1).to(tl.int64)
-    n = row_length(lengths_ptr, row, width)
+    n = sel.row_length(lengths_ptr, row, width)
     state = state_ptr + row * STATE_INTS
     high_bin = tl.load(state + HIGH_BIN)
     if (first < n) & (high_bin != NO_BIN):
@@ -187,7 +176,7 @@ def _radix_collect_kernel(logits_ptr, lengths_ptr, out_ptr, state_ptr, scratch_p
     wait_for_prior_kernels()
     first = tl.program_id(0) * STEP
     row = tl.program_id(1).to(tl.int64)
-    n = row_length(lengths_ptr, row, width)
+    n = sel.row_length(lengths_ptr, row, width)
     state = state_ptr + row * STATE_INTS
     src = logits_ptr + row * row_stride
     dst = out_ptr + row * out_row_stride
@@ -199,7 +188,7 @@ def _radix_collect_kernel(logits_ptr, lengths_ptr, out_ptr, state_ptr, scratch_p
         top = (key >> LOW_SHIFT).to(tl.int32)
         pick = (key > 0) & (top > prefix)
         staged = (key > 0) & (top == prefix)
-        rank, total = _run_prefix(pick.to(tl.int32) + (staged.to(tl.int32) << 16))
+        rank, total = sel._run_prefix(pick.to(tl.int32) + (staged.to(tl.int32) << 16))
         base = tl.atomic_add(state + PICKED, total & 0xFFFF, sem="relaxed")
         tl.store(dst + base + (rank & 0xFFFF), col, mask=pick)
         slot = tl.atomic_add(state + STAGED, total >> 16, sem="relaxed") + (rank >> 16)
@@ -219,33 +208,33 @@ def _radix_collect_kernel(logits_ptr, lengths_ptr, out_ptr, state_ptr, scratch_p
 def _pick_staged(src, n, k, dst, stage, staged_cols, staged, above, CAP: tl.constexpr):
     """Write the k - above best of the `staged` columns (k - above <= staged) by (key
     descending, column ascending) to dst[above:k]; more than CAP: the whole row again."""
-    if staged <= RANK_KEYS:
-        col, key = _staged_keys(src, staged_cols, staged, RANK_KEYS)
+    if staged <= sel.RANK_KEYS:
+        col, key = _staged_keys(src, staged_cols, staged, sel.RANK_KEYS)
         lowest = tl.full([], 1, tl.uint32)
         highest = tl.full([], 0xFFFFFFFF, tl.uint32)
-        _emit_ranked(key, col, lowest, highest, staged, above, k, stage, dst, RANK_KEYS)
+        sel._emit_ranked(key, col, lowest, highest, staged, above, k, stage, dst, sel.RANK_KEYS)
     elif staged <= CAP:
         col, key = _staged_keys(src, staged_cols, staged, CAP)
         need = k - above
-        largest, smallest, live = _key_range(key)
-        t, reaching, _, _ = _kth_largest_key(key, need, need, need, largest, smallest, live,
-                                             0, 0, 32, 0)  # fmt: skip
+        largest, smallest, live = sel._key_range(key)
+        t, reaching, _, _ = sel._kth_largest_key(key, need, need, need, largest, smallest, live,
+                                                 0, 0, 32, 0)  # fmt: skip
         over = key > t
-        rank, over_count = _run_prefix(over.to(tl.int32))
+        rank, over_count = sel._run_prefix(over.to(tl.int32))
         tl.store(dst + above + rank, col, mask=over)
         # Keys tied with t, the smallest columns first: ~column orders them (columns < 2**31).
         tied = tl.where(key == t, (~col).to(tl.uint32, bitcast=True), 0)
         take = tied > 0
         if reaching > need:
             m = need - over_count
-            largest, smallest, live = _key_range(tied)
-            first_col, _, _, _ = _kth_largest_key(tied, m, m, m, largest, smallest, live, 0, 0,
-                                                  32, 0)  # fmt: skip
+            largest, smallest, live = sel._key_range(tied)
+            first_col, _, _, _ = sel._kth_largest_key(tied, m, m, m, largest, smallest, live,
+                                                      0, 0, 32, 0)  # fmt: skip
             take = tied >= first_col
-        rank, _ = _run_prefix(take.to(tl.int32))
+        rank, _ = sel._run_prefix(take.to(tl.int32))
         tl.store(dst + above + over_count + rank, col, mask=take)
     else:
-        _select_from_row(src, n, k, dst, FALLBACK_STEP)
+        sel._select_from_row(src, n, k, dst, sel.FALLBACK_STEP)
 
 
 @triton.jit
@@ -255,7 +244,7 @@ def _staged_keys(src, staged_cols, staged, M: tl.constexpr):
     slot = tl.arange(0, M // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
     inside = slot < staged
     col = tl.load(staged_cols + slot, mask=inside, other=0, cache_modifier=".cg")
-    key = tl.where(inside, _order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
+    key = tl.where(inside, sel._order_key(tl.load(src + col, mask=inside, other=0.0)), 0)
     return col, key
 
 
