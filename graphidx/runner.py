@@ -684,8 +684,9 @@ def _check_dcp(
 
 def _copy_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, int]]) -> None:
     """`dst[:rows, :width] = src[:rows]` for every `(dst, src, rows)`, except where src already
-    is that view of dst. The copies between contiguous views of one dtype go as bytes in one
-    `torch._foreach_copy_` (a single launch on a GPU); any other pair is one `copy_`."""
+    is that view of dst. Every pair whose two sides share a dtype and are contiguous with unit
+    last stride goes, as bytes, into one `torch._foreach_copy_` (a single launch on a GPU);
+    any other pair is one `copy_`."""
     dsts: list[torch.Tensor] = []
     srcs: list[torch.Tensor] = []
     for dst, src, rows in pairs:
@@ -698,7 +699,8 @@ def _copy_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, int]]) -> None:
         else:
             view = dst[:rows]
         part = src if src.shape[0] == rows else src[:rows]
-        if src.dtype != dst.dtype or not (view.is_contiguous() and part.is_contiguous()):
+        whole = view.is_contiguous() and part.is_contiguous()
+        if src.dtype != dst.dtype or not whole or view.stride(-1) != 1 or part.stride(-1) != 1:
             view.copy_(part, non_blocking=True)
         elif dst.dtype == torch.uint8:
             dsts.append(view)
