@@ -68,6 +68,7 @@ from graphidx.ops.kernels.mxfp4_tl import (  # noqa: E402
     bf16x2_scale_factors,
     dequantize_keys_bf16x2,
     dequantize_tile,
+    key_tiling,
     nibble_pairs,
     tile_lines,
 )
@@ -683,10 +684,10 @@ def test_bf16_pair_codes_equal_the_plain_form() -> None:
 
 
 @triton.jit
-def _tile_lines_kernel(offset_ptr, used_ptr, first_entry, D: tl.constexpr, E: tl.constexpr,
+def _tile_lines_kernel(offset_ptr, used_ptr, first_entry, KEYS: tl.constexpr,
                        BLOCK_N: tl.constexpr, N: tl.constexpr):  # fmt: skip
     line = tl.arange(0, N)
-    offset, used = tile_lines(first_entry, line, D, E, BLOCK_N)
+    offset, used = tile_lines(first_entry, line, KEYS, BLOCK_N)
     tl.store(offset_ptr + line, offset)
     tl.store(used_ptr + line, used.to(tl.int32))
 
@@ -699,15 +700,13 @@ def test_tile_lines_cover_the_tile(head_dim: int, page_entries: int, block_n: in
     """`tile_lines` (the L2 prefetch's addresses): every 128-byte line holding a byte of the
     tile's codes or scales, as the kernels read them, gets an address, wherever the page
     starts within a line, and no address leaves the page."""
-    from graphidx.mxfp4 import cache_layout
-
     layout = cache_layout(8, head_dim, page_entries)
     assert block_n % layout.n_per_tile == 0
     slots = 512
     for first in range(0, page_entries, block_n):
         offsets = torch.empty(slots, dtype=torch.int32)
         used = torch.empty(slots, dtype=torch.int32)
-        _tile_lines_kernel[(1,)](offsets, used, first, head_dim, page_entries, block_n, slots)
+        _tile_lines_kernel[(1,)](offsets, used, first, key_tiling(layout), block_n, slots)
         picked = offsets[used.bool()].tolist()
         assert min(picked) >= 0 and max(picked) < layout.page_bytes
         # The bytes of the tile's keys: their code words and scale bytes in the page.

@@ -207,18 +207,15 @@ def _tile_slots(tile_start, score_stop, context, block_row, pos_row, pool_blocks
 
 
 @triton.jit
-def _tile_keys(page, slot, scored, kv_ptr, page_stride, D: tl.constexpr, E: tl.constexpr,
-               NPT: tl.constexpr, LANES: tl.constexpr, SUB: tl.constexpr,
-               RUN: tl.constexpr):  # fmt: skip
+def _tile_keys(page, slot, scored, kv_ptr, page_stride, KEYS: tl.constexpr):  # fmt: skip
     """Raw codes and scales of the scored columns' keys (`key_tile_words`)."""
     page_ptr = kv_ptr + page.to(tl.int64) * page_stride
-    return key_tile_words(page_ptr, slot, scored, D, E, NPT, LANES, SUB, RUN, True)
+    return key_tile_words(page_ptr, slot, scored, KEYS, True)
 
 
 @triton.jit
-def _prefetch_tile(page, slot, scored, kv_ptr, page_stride, D: tl.constexpr, E: tl.constexpr,
-                   NPT: tl.constexpr, LANES: tl.constexpr, SUB: tl.constexpr,
-                   RUN: tl.constexpr, LINE_RUN: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
+def _prefetch_tile(page, slot, scored, kv_ptr, page_stride, KEYS: tl.constexpr,
+                   LINE_RUN: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
     """L1 prefetch of a tile's codes from `_slots_of` (`prefetch_key_tile`): one slot per
     LINE_RUN columns (LINE_ENTRIES when C is a multiple of it: such a run is LINE_ENTRIES
     consecutive slots of one page, sharing their lines)."""
@@ -227,7 +224,7 @@ def _prefetch_tile(page, slot, scored, kv_ptr, page_stride, D: tl.constexpr, E: 
     slot = tl.max(tl.reshape(slot, [runs, LINE_RUN]), axis=1)
     scored = tl.max(tl.reshape(scored.to(tl.int32), [runs, LINE_RUN]), axis=1) != 0
     page_ptr = kv_ptr + page.to(tl.int64) * page_stride
-    prefetch_key_tile(page_ptr, slot, scored, D, E, NPT, LANES, SUB, RUN, PTX)
+    prefetch_key_tile(page_ptr, slot, scored, KEYS, PTX)
 
 
 @triton.jit
@@ -286,12 +283,7 @@ def _gather_logits_kernel(
     out_width,
     H: tl.constexpr,
     HP: tl.constexpr,
-    D: tl.constexpr,
-    SUB: tl.constexpr,
-    RUN: tl.constexpr,
-    E: tl.constexpr,
-    NPT: tl.constexpr,
-    LANES: tl.constexpr,
+    KEYS: tl.constexpr,
     GROUPING: tl.constexpr,
     C: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -318,7 +310,7 @@ def _gather_logits_kernel(
         head_ok = head < H
         q_words, q_scales = load_query_codes(q_ptr, q_scale_ptr, row + 0 * head, head, head_ok,
                                          q_row_stride, q_head_stride, qs_row_stride,
-                                         qs_head_stride, SUB, RUN)  # fmt: skip
+                                         qs_head_stride, KEYS)  # fmt: skip
         queries_t = mma_operand(tl.trans(dequantize_tile(q_words, q_scales)), OPERANDS)
         weights = tl.load(w_ptr + row.to(tl.int64) * w_row_stride + head, mask=head_ok, other=0.0)
         if FP8:
@@ -338,18 +330,16 @@ def _gather_logits_kernel(
             # tile i + 1's codes are prefetched into L1 (its page was read a tile earlier),
             # tile i + 2's pages and tile i + 3's positions are loading; each read waits a
             # whole tile for the one it depends on, and tile i's codes come from L1.
-            page, slot, scored = _tile_slots(col_start, *slot_args, C, E, BLOCK_N)
-            page1, slot1, scored1 = _tile_slots(col_start + BLOCK_N, *slot_args, C, E, BLOCK_N)
+            page, slot, scored = _tile_slots(col_start, *slot_args, C, KEYS.E, BLOCK_N)
+            page1, slot1, scored1 = _tile_slots(col_start + BLOCK_N, *slot_args, C, KEYS.E, BLOCK_N)
             firsts = _tile_firsts(col_start + 2 * BLOCK_N, score_stop, pos_row, pool_blocks, C,
                                   BLOCK_N)  # fmt: skip
             for tile_start in range(col_start, score_stop, BLOCK_N):
-                _prefetch_tile(page1, slot1, scored1, kv_ptr, page_stride, D, E, NPT, LANES,
-                               SUB, RUN, LINE_RUN, OPERANDS == BF16X2_OPERANDS)  # fmt: skip
-                values, scales = _tile_keys(
-                    page, slot, scored, kv_ptr, page_stride, D, E, NPT, LANES, SUB, RUN
-                )
+                _prefetch_tile(page1, slot1, scored1, kv_ptr, page_stride, KEYS, LINE_RUN,
+                               OPERANDS == BF16X2_OPERANDS)  # fmt: skip
+                values, scales = _tile_keys(page, slot, scored, kv_ptr, page_stride, KEYS)
                 page2, slot2, scored2 = _slots_of(
-                    tile_start + 2 * BLOCK_N, firsts, score_stop, context, block_row, C, E,
+                    tile_start + 2 * BLOCK_N, firsts, score_stop, context, block_row, C, KEYS.E,
                     BLOCK_N,
                 )  # fmt: skip
                 firsts = _tile_firsts(tile_start + 3 * BLOCK_N, score_stop, pos_row,
@@ -360,10 +350,8 @@ def _gather_logits_kernel(
                 page1, slot1, scored1 = page2, slot2, scored2
         else:
             for tile_start in range(col_start, score_stop, BLOCK_N):
-                page, slot, scored = _tile_slots(tile_start, *slot_args, C, E, BLOCK_N)
-                values, scales = _tile_keys(
-                    page, slot, scored, kv_ptr, page_stride, D, E, NPT, LANES, SUB, RUN
-                )
+                page, slot, scored = _tile_slots(tile_start, *slot_args, C, KEYS.E, BLOCK_N)
+                values, scales = _tile_keys(page, slot, scored, kv_ptr, page_stride, KEYS)
                 _score_tile(tile_start, values, scales, scored, *tile_args,
                             OPERANDS, BLOCK_N, FP8)  # fmt: skip
     if CLEAN:

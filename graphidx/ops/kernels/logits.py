@@ -54,11 +54,13 @@ from graphidx.ops.kernels.fp8_tl import fp8_operand, fp8_queries
 from graphidx.ops.kernels.launch import launch
 from graphidx.ops.kernels.mxfp4_tl import (
     BF16X2_OPERANDS,
+    KeyTiling,
     cache_words,
     decode_key_tile,
     dequantize_tile,
     key_tile_words,
     key_tile_words_mma,
+    key_tiling,
     load_query_codes,
     max_propagate_nan,
     mma_operand,
@@ -67,7 +69,6 @@ from graphidx.ops.kernels.mxfp4_tl import (
     relu_propagate_nan,
     seq_of_row,
     tile_scores,
-    tile_split,
 )
 from graphidx.ops.kernels.ptx import store_b32, wait_for_prior_kernels
 from graphidx.ops.kernels.schedule import (
@@ -155,8 +156,8 @@ class PagedQueryShape:
     """What a logits launcher (dense or gather) knows of its paged MXFP4 query from shapes
     alone: `rows` query rows of `num_heads` heads of `head_dim`, the cache `layout`, the row
     grouping (GROUP_FIXED: `rows_per_seq` consecutive rows per seq; GROUP_QUERY_START_LOC:
-    seqs given by query_start_loc, rows_per_seq 1), `num_seqs`, and (`sub`, `run`) the
-    thread split of a row's codes (`tile_split`)."""
+    seqs given by query_start_loc, rows_per_seq 1), `num_seqs`, and the key-tile constexprs
+    `keys` (`key_tiling`)."""
 
     rows: int
     num_heads: int
@@ -165,8 +166,7 @@ class PagedQueryShape:
     grouping: int
     rows_per_seq: int
     num_seqs: int
-    sub: int
-    run: int
+    keys: KeyTiling
 
     @classmethod
     def of(
@@ -198,21 +198,12 @@ class PagedQueryShape:
         else:
             grouping, rows_per_seq = GROUP_FIXED, 1 if next_n is None else next_n
             num_seqs = rows // rows_per_seq
-        sub, run = tile_split(head_dim)
-        return cls(rows, num_heads, head_dim, layout, grouping, rows_per_seq, num_seqs, sub, run)
+        keys = key_tiling(layout)
+        return cls(rows, num_heads, head_dim, layout, grouping, rows_per_seq, num_seqs, keys)
 
-    def tile_constexprs(self) -> dict[str, int]:
+    def tile_constexprs(self) -> dict[str, object]:
         """The constexprs every logits kernel takes for its query and cache tiles."""
-        return {
-            "H": self.num_heads,
-            "HP": padded_heads(self.num_heads),
-            "D": self.head_dim,
-            "SUB": self.sub,
-            "RUN": self.run,
-            "E": self.layout.page_entries,
-            "NPT": self.layout.n_per_tile,
-            "LANES": self.layout.scale_lanes,
-        }
+        return {"H": self.num_heads, "HP": padded_heads(self.num_heads), "KEYS": self.keys}
 
 
 def operand_strides(
@@ -368,12 +359,7 @@ def _score_group(
     sizes,
     H: tl.constexpr,
     HP: tl.constexpr,
-    D: tl.constexpr,
-    SUB: tl.constexpr,
-    RUN: tl.constexpr,
-    E: tl.constexpr,
-    NPT: tl.constexpr,
-    LANES: tl.constexpr,
+    KEYS: tl.constexpr,
     GROUPING: tl.constexpr,
     ROWS_PER_SEQ: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -431,16 +417,16 @@ def _score_group(
             # made Triton convert its layout through shared memory 16 times (sm_90: 29 more
             # barriers before the first tile, ~2 us of a one-wave H64 decode).
             ROWS: tl.constexpr = BLOCK_R // 2
-            queries_a = _group_queries(*query_args, 0, H, HP, SUB, RUN, ROWS, OPERANDS, FP8)
-            queries_b = _group_queries(*query_args, ROWS, H, HP, SUB, RUN, ROWS, OPERANDS, FP8)
+            queries_a = _group_queries(*query_args, 0, H, HP, KEYS, ROWS, OPERANDS, FP8)
+            queries_b = _group_queries(*query_args, ROWS, H, HP, KEYS, ROWS, OPERANDS, FP8)
         else:
-            queries_a = _group_queries(*query_args, 0, H, HP, SUB, RUN, BLOCK_R, OPERANDS, FP8)
+            queries_a = _group_queries(*query_args, 0, H, HP, KEYS, BLOCK_R, OPERANDS, FP8)
             queries_b = queries_a
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
         _walk_tiles(
             key_start, key_stop, row, row_len, queries_a, queries_b,
             out_ptr, bs_ptr, out_row_stride, bs_row_stride, kv_ptr, block_row, page_stride,
-            HP, D, SUB, RUN, E, NPT, LANES, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
+            HP, KEYS, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
             MMA_ROWS, PREFETCH, HALVES, FP8,
         )  # fmt: skip
 
@@ -448,7 +434,7 @@ def _score_group(
 @triton.jit
 def _group_queries(q_ptr, q_scale_ptr, w_ptr, row_lo, row_hi, q_row_stride, q_head_stride,
                    qs_row_stride, qs_head_stride, w_row_stride, FIRST: tl.constexpr,
-                   H: tl.constexpr, HP: tl.constexpr, SUB: tl.constexpr, RUN: tl.constexpr,
+                   H: tl.constexpr, HP: tl.constexpr, KEYS: tl.constexpr,
                    ROWS: tl.constexpr, OPERANDS: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
     """The query operands of rows [row_lo + FIRST, + ROWS) of the group, 0 for heads >= H and
     rows >= row_hi: (Q^T as the exact MMA's B operand `[D, ROWS * HP]`, weights
@@ -461,8 +447,8 @@ def _group_queries(q_ptr, q_scale_ptr, w_ptr, row_lo, row_hi, q_row_stride, q_he
     q_head = slot % HP
     q_ok = (q_row < row_hi) & (q_head < H)
     words, scales = load_query_codes(q_ptr, q_scale_ptr, q_row, q_head, q_ok, q_row_stride,
-                                     q_head_stride, qs_row_stride, qs_head_stride, SUB,
-                                     RUN)  # fmt: skip
+                                     q_head_stride, qs_row_stride, qs_head_stride,
+                                     KEYS)  # fmt: skip
     weights = tl.load(w_ptr + q_row.to(tl.int64) * w_row_stride + q_head, mask=q_ok, other=0.0)
     exact = mma_operand(tl.trans(dequantize_tile(words, scales)), OPERANDS)
     if FP8:
@@ -491,12 +477,7 @@ def _walk_tiles(
     block_row,
     page_stride,
     HP: tl.constexpr,
-    D: tl.constexpr,
-    SUB: tl.constexpr,
-    RUN: tl.constexpr,
-    E: tl.constexpr,
-    NPT: tl.constexpr,
-    LANES: tl.constexpr,
+    KEYS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_BLOCK_SCORES: tl.constexpr,
@@ -537,33 +518,35 @@ def _walk_tiles(
         # the last tile repeats it.
         last_start = key_start + (key_stop - 1 - key_start) // BLOCK_N * BLOCK_N
         fetch_args = (key_stop, kv_ptr, block_row, page_stride)
-        page = tl.load(block_row + key_start // E)
+        page = tl.load(block_row + key_start // KEYS.E)
         values, scales = _fetch_tile(
             key_start, *fetch_args, page,
-            D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False, PTX,
+            KEYS, BLOCK_N, MMA_ROWS, False, PTX,
         )  # fmt: skip
-        next_page = tl.load(block_row + tl.minimum(key_start + BLOCK_N, last_start) // E)
+        next_page = tl.load(block_row + tl.minimum(key_start + BLOCK_N, last_start) // KEYS.E)
         if PREFETCH == 2:
-            later_page = tl.load(block_row + tl.minimum(key_start + 2 * BLOCK_N, last_start) // E)
+            later_page = tl.load(
+                block_row + tl.minimum(key_start + 2 * BLOCK_N, last_start) // KEYS.E
+            )
         # The partial tail tile (if any) is the last iteration: its stores are masked.
         for tile_start in range(key_start, key_stop, BLOCK_N):
             tl.assume(tile_start >= 0)
             next_values, next_scales = _fetch_tile(
                 tl.minimum(tile_start + BLOCK_N, last_start), *fetch_args, next_page,
-                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False, PTX,
+                KEYS, BLOCK_N, MMA_ROWS, False, PTX,
             )  # fmt: skip
             if PREFETCH == 2:
                 # The tile after next into L2, its page read an iteration ago.
                 later_start = tl.minimum(tile_start + 2 * BLOCK_N, last_start)
                 later_ptr = kv_ptr + later_page.to(tl.int64) * page_stride
-                prefetch_tile_l2(later_ptr, later_start % E, D, E, BLOCK_N, PTX)
+                prefetch_tile_l2(later_ptr, later_start % KEYS.E, KEYS, BLOCK_N, PTX)
                 next_page = later_page
                 later_page = tl.load(
-                    block_row + tl.minimum(tile_start + 3 * BLOCK_N, last_start) // E
+                    block_row + tl.minimum(tile_start + 3 * BLOCK_N, last_start) // KEYS.E
                 )
             else:
                 next_page = tl.load(
-                    block_row + tl.minimum(tile_start + 2 * BLOCK_N, last_start) // E
+                    block_row + tl.minimum(tile_start + 2 * BLOCK_N, last_start) // KEYS.E
                 )
             _score_rows(tile_start, values, scales, *tile_args,
                         HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES,
@@ -574,7 +557,7 @@ def _walk_tiles(
         for tile_start in range(key_start, full_stop, BLOCK_N):
             values, scales = _fetch_tile(
                 tile_start, key_stop, *fetch_args,
-                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, False, PTX,
+                KEYS, BLOCK_N, MMA_ROWS, False, PTX,
             )  # fmt: skip
             _score_rows(tile_start, values, scales, *tile_args,
                         HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES,
@@ -582,7 +565,7 @@ def _walk_tiles(
         if full_stop < key_stop:
             values, scales = _fetch_tile(
                 full_stop, key_stop, *fetch_args,
-                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MMA_ROWS, True, PTX,
+                KEYS, BLOCK_N, MMA_ROWS, True, PTX,
             )  # fmt: skip
             _score_rows(full_stop, values, scales, *tile_args,
                         HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES,
@@ -597,12 +580,7 @@ def _fetch_tile(
     block_row,
     page_stride,
     page,
-    D: tl.constexpr,
-    E: tl.constexpr,
-    NPT: tl.constexpr,
-    LANES: tl.constexpr,
-    SUB: tl.constexpr,
-    RUN: tl.constexpr,
+    KEYS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MMA_ROWS: tl.constexpr,
     MASKED: tl.constexpr,
@@ -619,29 +597,29 @@ def _fetch_tile(
     """
     key = tile_start + tl.arange(0, BLOCK_N)
     live = key < key_stop
-    if E % BLOCK_N == 0:
+    if KEYS.E % BLOCK_N == 0:
         # The tile lies in one page: one block-table read, one 64-bit page address.
         if page is None:
             if MASKED:
-                page = tl.load(block_row + tile_start // E, mask=tile_start < key_stop, other=0)
+                page = tl.load(
+                    block_row + tile_start // KEYS.E, mask=tile_start < key_stop, other=0
+                )
             else:
-                page = tl.load(block_row + tile_start // E)
+                page = tl.load(block_row + tile_start // KEYS.E)
         page_ptr = kv_ptr + page.to(tl.int64) * page_stride
         if MMA_ROWS:
             rows = mma_tile_rows(BLOCK_N)
             values, scales = key_tile_words_mma(
-                page_ptr, tile_start % E, rows, rows < key_stop - tile_start,
-                D, E, NPT, LANES, SUB, RUN, BLOCK_N, MASKED, PTX,
+                page_ptr, tile_start % KEYS.E, rows, rows < key_stop - tile_start,
+                KEYS, BLOCK_N, MASKED, PTX,
             )  # fmt: skip
         else:
-            entry = tile_start % E + tl.arange(0, BLOCK_N)
-            values, scales = key_tile_words(
-                page_ptr, entry, live, D, E, NPT, LANES, SUB, RUN, MASKED
-            )
+            entry = tile_start % KEYS.E + tl.arange(0, BLOCK_N)
+            values, scales = key_tile_words(page_ptr, entry, live, KEYS, MASKED)
     else:
-        page = tl.load(block_row + key // E, mask=live, other=0)
+        page = tl.load(block_row + key // KEYS.E, mask=live, other=0)
         page_ptr = kv_ptr + page.to(tl.int64) * page_stride
-        values, scales = key_tile_words(page_ptr, key % E, live, D, E, NPT, LANES, SUB, RUN, MASKED)
+        values, scales = key_tile_words(page_ptr, key % KEYS.E, live, KEYS, MASKED)
     return values, scales
 
 
@@ -790,12 +768,7 @@ def _logits_static_kernel(
     width,
     H: tl.constexpr,
     HP: tl.constexpr,
-    D: tl.constexpr,
-    SUB: tl.constexpr,
-    RUN: tl.constexpr,
-    E: tl.constexpr,
-    NPT: tl.constexpr,
-    LANES: tl.constexpr,
+    KEYS: tl.constexpr,
     GROUPING: tl.constexpr,
     ROWS_PER_SEQ: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -818,7 +791,7 @@ def _logits_static_kernel(
                w_row_stride, bt_row_stride, out_row_stride, bs_row_stride)  # fmt: skip
     _score_group(
         tl.program_id(0), key_start, key_start + SPLIT, ptrs, strides, (rows, num_seqs, width),
-        H, HP, D, SUB, RUN, E, NPT, LANES, GROUPING, ROWS_PER_SEQ, BLOCK_R, BLOCK_N,
+        H, HP, KEYS, GROUPING, ROWS_PER_SEQ, BLOCK_R, BLOCK_N,
         HAS_BLOCK_SCORES, C, OPERANDS, MMA_ROWS, PREFETCH, HALVES, FP8,
     )  # fmt: skip
 
@@ -850,12 +823,7 @@ def _logits_scheduled_kernel(
     static_splits,
     H: tl.constexpr,
     HP: tl.constexpr,
-    D: tl.constexpr,
-    SUB: tl.constexpr,
-    RUN: tl.constexpr,
-    E: tl.constexpr,
-    NPT: tl.constexpr,
-    LANES: tl.constexpr,
+    KEYS: tl.constexpr,
     ROWS_PER_SEQ: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -908,7 +876,7 @@ def _logits_scheduled_kernel(
         for row_block in tl.static_range(ROW_BLOCKS):
             _score_group(
                 seq * ROW_BLOCKS + row_block, key_start, key_stop, ptrs, strides,
-                (rows, num_seqs, width), H, HP, D, SUB, RUN, E, NPT, LANES, 0, ROWS_PER_SEQ,
+                (rows, num_seqs, width), H, HP, KEYS, 0, ROWS_PER_SEQ,
                 BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, MMA_ROWS, PREFETCH, HALVES, FP8,
             )  # fmt: skip
 

@@ -1,8 +1,9 @@
 """In-kernel MXFP4 decoding and paged-cache addressing, shared by every logits kernel.
 
 The byte formulas are those of `graphidx.mxfp4.layout` (its docstring is the source of truth);
-this module is their one Triton re-derivation. Launchers pass the layout's fields as
-constexprs: D = head_dim, E = page_entries, NPT = n_per_tile, LANES = scale_lanes.
+this module is their one Triton re-derivation. Launchers pass the layout's fields and the
+thread split of a row as one constexpr `KEYS` (`KeyTiling`: D = head_dim, E = page_entries,
+NPT = n_per_tile, LANES = scale_lanes, SUB, RUN).
 
 Element order. A dot product does not care in which order its D terms are summed, as long as
 keys and queries use the same order; so tiles are decoded in *kernel order*, chosen to match
@@ -39,10 +40,13 @@ float32 accumulator. An e8m0 byte of 0xFF is NaN and propagates; byte 0 is 2**-1
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
+from graphidx.mxfp4.layout import CacheLayout
 from graphidx.ops.kernels import OPERANDS_BF16X2 as _BF16X2_MODE
 from graphidx.ops.kernels import OPERANDS_FP32 as _FP32_MODE
 from graphidx.ops.kernels.ptx import load_byte_b32, prefetch_l1, prefetch_l2
@@ -69,14 +73,36 @@ BF16X2_OPERANDS = tl.constexpr(_BF16X2_MODE)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
 
-def tile_split(head_dim: int) -> tuple[int, int]:
-    """(SUB, RUN): a thread's D/8 bytes per row as SUB runs of RUN <= 16 contiguous bytes."""
+class KeyTiling(NamedTuple):
+    """The key-tile constexprs every logits kernel takes as one `KEYS: tl.constexpr`: the
+    cache layout (D = head_dim, E = page_entries, NPT = n_per_tile, LANES = scale_lanes) and
+    the thread split of a row's codes (a thread's D/8 bytes as SUB runs of RUN <= 16
+    contiguous bytes)."""
+
+    D: int
+    E: int
+    NPT: int
+    LANES: int
+    SUB: int
+    RUN: int
+
+
+def key_tiling(layout: CacheLayout) -> KeyTiling:
+    """The `KeyTiling` of a cache layout; ValueError for a head_dim the kernels do not tile."""
+    head_dim = layout.head_dim
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(
             f"the triton backend supports head_dim in {SUPPORTED_HEAD_DIMS}, got {head_dim}"
         )
     per_thread = head_dim // 8
-    return max(1, per_thread // 16), min(16, per_thread)
+    return KeyTiling(
+        D=head_dim,
+        E=layout.page_entries,
+        NPT=layout.n_per_tile,
+        LANES=layout.scale_lanes,
+        SUB=max(1, per_thread // 16),
+        RUN=min(16, per_thread),
+    )
 
 
 def cache_words(kv_cache: torch.Tensor) -> torch.Tensor:
@@ -219,31 +245,32 @@ def dequantize_keys_bf16x2(words, scale_bytes):
 
 
 @triton.jit
-def _run_starts(SUB: tl.constexpr, RUN: tl.constexpr):
+def _run_starts(KEYS: tl.constexpr):
     """First byte (within an entry) and chunk of every thread group's run: int32
     `[1, SUB, 1, 4]` each (byte t * SUB * RUN + s * RUN, chunk byte // 16)."""
-    s = tl.arange(0, SUB)[None, :, None, None]
+    s = tl.arange(0, KEYS.SUB)[None, :, None, None]
     t = tl.arange(0, 4)[None, None, None, :]
-    first = t * (SUB * RUN) + s * RUN
+    first = t * (KEYS.SUB * KEYS.RUN) + s * KEYS.RUN
     return first, first // 16
 
 
 @triton.jit
-def _entry_offsets(entry, first, chunk, D: tl.constexpr, E: tl.constexpr,
-                   NPT: tl.constexpr, LANES: tl.constexpr):  # fmt: skip
+def _entry_offsets(entry, first, chunk, KEYS: tl.constexpr):  # fmt: skip
     """Offsets within a page (graphidx.mxfp4.layout): ((codes in words, scales in bytes) of
     each entry slot, (codes in words, scales in bytes) of each run starting at entry byte
     `first` / chunk); add a part of each kind to the page pointer of its unit. Shapes
     broadcast like the arguments."""
     # Slots are never negative: unsigned division by the power-of-two tile is a shift.
     slot = entry.to(tl.uint32)
-    tile = (slot // NPT).to(tl.int32)
-    local = (slot % NPT).to(tl.int32)
-    scales_per_lane: tl.constexpr = (D // 32) // LANES
-    entry_words = tile * (NPT * (D // 8)) + local * 4
-    entry_scale = E * (D // 2) + tile * (NPT * (D // 32)) + local * scales_per_lane
-    run_words = (first // 16) * (NPT * 4) + (first % 16) // 4
-    chunk_scale = (chunk % LANES) * (NPT * scales_per_lane) + chunk // LANES
+    tile = (slot // KEYS.NPT).to(tl.int32)
+    local = (slot % KEYS.NPT).to(tl.int32)
+    scales_per_lane: tl.constexpr = (KEYS.D // 32) // KEYS.LANES
+    entry_words = tile * (KEYS.NPT * (KEYS.D // 8)) + local * 4
+    entry_scale = (
+        KEYS.E * (KEYS.D // 2) + tile * (KEYS.NPT * (KEYS.D // 32)) + local * scales_per_lane
+    )
+    run_words = (first // 16) * (KEYS.NPT * 4) + (first % 16) // 4
+    chunk_scale = (chunk % KEYS.LANES) * (KEYS.NPT * scales_per_lane) + chunk // KEYS.LANES
     return entry_words, entry_scale, run_words, chunk_scale
 
 
@@ -254,15 +281,12 @@ def as_bytes(word_ptr):
 
 
 @triton.jit
-def _key_runs(page_ptr, entry, D: tl.constexpr, E: tl.constexpr, NPT: tl.constexpr,
-              LANES: tl.constexpr, SUB: tl.constexpr, RUN: tl.constexpr):  # fmt: skip
+def _key_runs(page_ptr, entry, KEYS: tl.constexpr):  # fmt: skip
     """Where keys `entry` of their pages keep their codes and scales (`_entry_offsets`):
     (pointer to each key's first code word `[M, 1, 1, 1]`, word offset of each thread
     group's run `[1, SUB, 1, 4]`, pointer to each run's scale byte `[M, SUB, 1, 4]`)."""
-    first, chunk = _run_starts(SUB, RUN)
-    entry_words, entry_scale, run_words, chunk_scale = _entry_offsets(
-        entry, first, chunk, D, E, NPT, LANES
-    )
+    first, chunk = _run_starts(KEYS)
+    entry_words, entry_scale, run_words, chunk_scale = _entry_offsets(entry, first, chunk, KEYS)
     code_base = (page_ptr + entry_words)[:, None, None, None]
     scale_ptrs = (as_bytes(page_ptr) + entry_scale)[:, None, None, None] + chunk_scale
     return code_base, run_words, scale_ptrs
@@ -273,12 +297,7 @@ def key_tile_words(
     page_ptr,
     entry,
     live,
-    D: tl.constexpr,
-    E: tl.constexpr,
-    NPT: tl.constexpr,
-    LANES: tl.constexpr,
-    SUB: tl.constexpr,
-    RUN: tl.constexpr,
+    KEYS: tl.constexpr,
     MASKED: tl.constexpr,
 ):
     """Load the raw codes of keys `entry` of their pages, kernel order: int32 words
@@ -289,11 +308,11 @@ def key_tile_words(
     page; live: bool `[M]`, the keys to read when MASKED (others read as codes 0, scale 127
     and touch no memory); with MASKED false every key is read.
     """
-    code_base, run_words, scale_ptrs = _key_runs(page_ptr, entry, D, E, NPT, LANES, SUB, RUN)
-    word = tl.arange(0, RUN // 4)[None, None, :, None]
+    code_base, run_words, scale_ptrs = _key_runs(page_ptr, entry, KEYS)
+    word = tl.arange(0, KEYS.RUN // 4)[None, None, :, None]
     # A lane's run is RUN // 4 contiguous words from a multiple of RUN // 4 (beyond what
     # Triton's analysis can tell): the hints let each run load as one vector.
-    W: tl.constexpr = RUN // 4
+    W: tl.constexpr = KEYS.RUN // 4
     words = tl.max_contiguous(tl.multiple_of(run_words + word, [1, 1, W, 1]), [1, 1, W, 1])
     value_ptrs = code_base + words
     if MASKED:
@@ -310,12 +329,7 @@ def prefetch_key_tile(
     page_ptr,
     entry,
     live,
-    D: tl.constexpr,
-    E: tl.constexpr,
-    NPT: tl.constexpr,
-    LANES: tl.constexpr,
-    SUB: tl.constexpr,
-    RUN: tl.constexpr,
+    KEYS: tl.constexpr,
     PTX: tl.constexpr,
 ):
     """Prefetch into L1 the cache lines `key_tile_words(page_ptr, entry, live, ...)` reads
@@ -324,14 +338,14 @@ def prefetch_key_tile(
     A 128-byte line holds one 16-byte chunk of LINE_ENTRIES consecutive slots, so a caller
     covering a run of slots passes one slot per aligned LINE_ENTRIES of them. Only a hint: a
     no-op without PTX (`graphidx.ops.kernels.ptx.prefetch_l1`), never changes a result."""
-    code_base, run_words, scale_ptrs = _key_runs(page_ptr, entry, D, E, NPT, LANES, SUB, RUN)
+    code_base, run_words, scale_ptrs = _key_runs(page_ptr, entry, KEYS)
     live = live[:, None, None, None]
     prefetch_l1(code_base + run_words, live, PTX)
     prefetch_l1(scale_ptrs, live, PTX)
 
 
 @triton.jit
-def tile_lines(first_entry, line, D: tl.constexpr, E: tl.constexpr, BLOCK_N: tl.constexpr):
+def tile_lines(first_entry, line, KEYS: tl.constexpr, BLOCK_N: tl.constexpr):
     """One address in each 128-byte line holding the codes or the scales of the tile of BLOCK_N
     entries from slot `first_entry` of a page (first_entry a multiple of BLOCK_N, BLOCK_N a
     multiple of the layout's n_per_tile, so each is one contiguous run of the page): for line
@@ -339,29 +353,31 @@ def tile_lines(first_entry, line, D: tl.constexpr, E: tl.constexpr, BLOCK_N: tl.
     Codes then scales; a run of S bytes need not start on a line, so it takes cdiv(S, 128) + 1
     numbers, 128 bytes apart and the last at the run's last byte: every line it touches gets
     one."""
-    CODE_BYTES: tl.constexpr = BLOCK_N * (D // 2)
-    SCALE_BYTES: tl.constexpr = BLOCK_N * (D // 32)
+    CODE_BYTES: tl.constexpr = BLOCK_N * (KEYS.D // 2)
+    SCALE_BYTES: tl.constexpr = BLOCK_N * (KEYS.D // 32)
     CODE_LINES: tl.constexpr = (CODE_BYTES + 127) // 128 + 1
     SCALE_LINES: tl.constexpr = (SCALE_BYTES + 127) // 128 + 1
     offset = tl.where(
         line < CODE_LINES,
-        first_entry * (D // 2) + tl.minimum(line * 128, CODE_BYTES - 1),
-        E * (D // 2)
-        + first_entry * (D // 32)
+        first_entry * (KEYS.D // 2) + tl.minimum(line * 128, CODE_BYTES - 1),
+        KEYS.E * (KEYS.D // 2)
+        + first_entry * (KEYS.D // 32)
         + tl.minimum((line - CODE_LINES) * 128, SCALE_BYTES - 1),
     )
     return offset, line < CODE_LINES + SCALE_LINES
 
 
 @triton.jit
-def prefetch_tile_l2(page_ptr, first_entry, D: tl.constexpr, E: tl.constexpr,
+def prefetch_tile_l2(page_ptr, first_entry, KEYS: tl.constexpr,
                      BLOCK_N: tl.constexpr, PTX: tl.constexpr):  # fmt: skip
     """Prefetch into L2 every line of the tile `tile_lines` describes, of the page at int32
     `page_ptr`: 128 lines per step, one per thread of a 4-warp program (8 warps issue each
     twice). A no-op without PTX."""
-    LINES: tl.constexpr = (BLOCK_N * (D // 2) + 127) // 128 + (BLOCK_N * (D // 32) + 127) // 128 + 2
+    LINES: tl.constexpr = (
+        (BLOCK_N * (KEYS.D // 2) + 127) // 128 + (BLOCK_N * (KEYS.D // 32) + 127) // 128 + 2
+    )
     for first_line in tl.static_range(0, LINES, 128):
-        offset, used = tile_lines(first_entry, first_line + tl.arange(0, 128), D, E, BLOCK_N)
+        offset, used = tile_lines(first_entry, first_line + tl.arange(0, 128), KEYS, BLOCK_N)
         prefetch_l2(as_bytes(page_ptr) + offset, used, PTX)
 
 
@@ -382,12 +398,7 @@ def key_tile_words_mma(
     first_entry,
     rows,
     live,
-    D: tl.constexpr,
-    E: tl.constexpr,
-    NPT: tl.constexpr,
-    LANES: tl.constexpr,
-    SUB: tl.constexpr,
-    RUN: tl.constexpr,
+    KEYS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     PTX: tl.constexpr,
@@ -411,21 +422,22 @@ def key_tile_words_mma(
     (`load_byte_b32`: one register each when PTX).
     """
     t = tl.arange(0, 4)[:, None, None, None, None, None, None]
-    s = tl.arange(0, SUB)[None, None, None, None, None, :, None]
-    word = tl.arange(0, RUN // 4)[None, None, None, None, None, None, :]
-    first = t * (SUB * RUN) + s * RUN  # first byte of the lane's run (as _run_starts)
+    s = tl.arange(0, KEYS.SUB)[None, None, None, None, None, :, None]
+    word = tl.arange(0, KEYS.RUN // 4)[None, None, None, None, None, None, :]
+    # The first byte of the lane's run (as _run_starts).
+    first = t * (KEYS.SUB * KEYS.RUN) + s * KEYS.RUN
     entry_words, entry_scale, run_words, chunk_scale = _entry_offsets(
-        rows, first, first // 16, D, E, NPT, LANES
+        rows, first, first // 16, KEYS
     )
     # Each lane's run is RUN // 4 contiguous words starting at a multiple of RUN // 4 (beyond
     # what Triton's analysis can tell): the hints let each run load as one vector.
-    W: tl.constexpr = RUN // 4
+    W: tl.constexpr = KEYS.RUN // 4
     words = tl.max_contiguous(
         tl.multiple_of(entry_words + run_words + word, [1, 1, 1, 1, 1, 1, W]),
         [1, 1, 1, 1, 1, 1, W],
     )
-    value_ptrs = (page_ptr + first_entry * (D // 8)) + words
-    scale_ptrs = (as_bytes(page_ptr) + first_entry * (D // 32)) + (entry_scale + chunk_scale)
+    value_ptrs = (page_ptr + first_entry * (KEYS.D // 8)) + words
+    scale_ptrs = (as_bytes(page_ptr) + first_entry * (KEYS.D // 32)) + (entry_scale + chunk_scale)
     # Scale bytes each in a 32-bit register (`load_byte_b32`): a prefetched tile's scales then
     # stay in flight until the tile is decoded.
     if MASKED:
@@ -435,8 +447,10 @@ def key_tile_words_mma(
         values = tl.load(value_ptrs)
         scales = load_byte_b32(scale_ptrs, None, 127, PTX)
     # [t, g, w, p, r, s, word] -> [p, w, r, g, s, word, t]: rows m = ((p * 4 + w) * 2 + r) * 8 + g.
-    values = tl.reshape(tl.permute(values, (3, 2, 4, 1, 5, 6, 0)), [BLOCK_N, SUB, RUN // 4, 4])
-    scales = tl.reshape(tl.permute(scales, (3, 2, 4, 1, 5, 6, 0)), [BLOCK_N, SUB, 1, 4])
+    values = tl.reshape(
+        tl.permute(values, (3, 2, 4, 1, 5, 6, 0)), [BLOCK_N, KEYS.SUB, KEYS.RUN // 4, 4]
+    )
+    scales = tl.reshape(tl.permute(scales, (3, 2, 4, 1, 5, 6, 0)), [BLOCK_N, KEYS.SUB, 1, 4])
     return values, scales
 
 
@@ -462,8 +476,7 @@ def load_query_codes(
     q_head_stride,
     qs_row_stride,
     qs_head_stride,
-    SUB: tl.constexpr,
-    RUN: tl.constexpr,
+    KEYS: tl.constexpr,
 ):
     """Raw codes of query heads `(row[m], head[m])` in kernel order, as `key_tile_words`
     returns a key tile's: int32 words `[M, SUB, RUN // 4, 4]` and int32 scales
@@ -471,8 +484,8 @@ def load_query_codes(
     q_scale: uint8 `[rows, H, D/32]`, last dims contiguous (any alignment: bytes are loaded
     one by one and assembled into words).
     """
-    first, chunk = _run_starts(SUB, RUN)
-    word = tl.arange(0, RUN // 4)[None, None, :, None, None]
+    first, chunk = _run_starts(KEYS)
+    word = tl.arange(0, KEYS.RUN // 4)[None, None, :, None, None]
     byte = tl.arange(0, 4)[None, None, None, None, :]
     row64 = row.to(tl.int64)
     value_base = row64 * q_row_stride + head * q_head_stride
@@ -554,6 +567,7 @@ __all__ = [
     "ODD_PAIR_NIBBLES",
     "PAIR_NIBBLES",
     "SUPPORTED_HEAD_DIMS",
+    "KeyTiling",
     "as_bytes",
     "bf16_pair_codes",
     "bf16x2_scale_factors",
@@ -564,6 +578,7 @@ __all__ = [
     "e8m0_factor",
     "key_tile_words",
     "key_tile_words_mma",
+    "key_tiling",
     "load_query_codes",
     "max_propagate_nan",
     "mma_operand",
@@ -573,5 +588,4 @@ __all__ = [
     "relu_propagate_nan",
     "seq_of_row",
     "tile_scores",
-    "tile_split",
 ]
