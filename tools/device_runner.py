@@ -94,8 +94,9 @@ def _cprofile(fn: Callable[[], object], calls: int, top: int) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
-def _profile_host(runner, batch: StepBatch, views, shape) -> dict[str, float]:
-    """Where a replayed step's host microseconds go: each part timed alone, then cProfile."""
+def _profile_host(runner, batch: StepBatch, views, shape, copied: StepBatch, inputs) -> dict:
+    """Where a replayed step's host microseconds go: each part timed alone, then cProfile of
+    the step in place and of the step whose inputs (`copied`, `inputs`) are copied in."""
     graph = runner.graphs._lookup(shape).graph
     live = runner.buffers["num_live_reqs"]
     parts = {
@@ -106,6 +107,8 @@ def _profile_host(runner, batch: StepBatch, views, shape) -> dict[str, float]:
         "raw_graph_replay_launch": graph.replay,
         "cache_replay_launch": lambda: runner.graphs.replay(shape),
         "step_no_sync": lambda: runner.step(batch, views),
+        "step_copied_no_sync": lambda: runner.step(copied, inputs),
+        "load_decode_copied": lambda: runner._load_decode(copied, inputs, copied.num_tokens),
     }
     figures = {}
     for name, fn in parts.items():
@@ -115,6 +118,7 @@ def _profile_host(runner, batch: StepBatch, views, shape) -> dict[str, float]:
     for name, value in figures.items():
         print(f"  host {name}: {value:.1f} us", flush=True)
     _cprofile(lambda: runner.step(batch, views, synchronize=True), 200, 18)
+    _cprofile(lambda: runner.step(copied, inputs, synchronize=True), 200, 25)
     return figures
 
 
@@ -223,7 +227,9 @@ def bench_step(
         row["host_only_ms"] = median_ms(lambda: runner.step(batch_in_place, views), False, repeat)  # noqa: B023
         runner.graphs.replay = replay  # type: ignore[method-assign]
         if profile_host and b == batches[0]:
-            row["host_parts_us"] = _profile_host(runner, batch_in_place, views, shape)
+            row["host_parts_us"] = _profile_host(
+                runner, batch_in_place, views, shape, batch, inputs
+            )
         rows.append(row)
         print(
             f"{preset} ctx {context} batch {b:>3}: step {row['step_copied_ms']:.3f} / in place "
