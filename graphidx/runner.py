@@ -39,6 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -206,6 +207,7 @@ class IndexerGraphRunner:
         self._padded: dict[int, StepShape | None] = {}
         self._offset_ramp: np.ndarray | None = None  # 0, next_n, 2 next_n, ... (`_uniform_offsets`)
         self._views: dict[int, tuple[LayerInput, ...]] = {}
+        self._bytes: dict[int, tuple[torch.Tensor, ...]] = {}  # `_input_bytes`
         h, d = config.num_heads, config.head_dim
         self._input_specs = (  # (field, dtype, shape after the token dimension)
             ("q", torch.uint8, (h, d // 2)),
@@ -451,15 +453,13 @@ class IndexerGraphRunner:
         offsets = batch.query_start_loc_cpu.numpy()  # host reads without torch dispatch
         num_real = int(offsets[batch.num_real_reqs])
         in_place = self._own_views(layer_inputs, num_real)
-        if not in_place:
-            for i, inp in enumerate(layer_inputs):
-                self._check_layer_input(i, inp, num_real)
+        sources = None if in_place else self._checked_sources(layer_inputs, num_real)
         shape, reason = (
             self._shape_of(offsets, batch.num_real_reqs) if pad else (None, "unpadded (pad=False)")
         )
         replay = False
         if shape is not None:
-            self._load_decode(batch, None if in_place else layer_inputs, num_real)
+            self._load_decode(batch, sources)
             replay = shape in self.graphs and not force_eager
             if replay:
                 self.graphs.replay(shape)
@@ -556,40 +556,68 @@ class IndexerGraphRunner:
                 f"against its caches (num_pages = {self.num_pages})"
             )
 
-    def _check_layer_input(self, i: int, inp: LayerInput, num_tokens: int) -> None:
-        if not isinstance(inp, LayerInput):
-            raise ValueError(f"layer_inputs[{i}] must be a LayerInput, got {type(inp).__name__}")
-        for name, dtype, tail in self._input_specs:
-            t = getattr(inp, name)
-            if t.dtype != dtype or t.shape[1:] != tail or t.shape[0] < num_tokens:
+    def _input_bytes(self, num_tokens: int) -> tuple[torch.Tensor, ...]:
+        """The first `num_tokens` rows of every persistent layer input as uint8, in the order
+        of the layers and, per layer, of `_input_specs` (cached per size)."""
+        got = self._bytes.get(num_tokens)
+        if got is None:
+            views = self.input_views(num_tokens)
+            got = tuple(
+                _as_bytes(getattr(v, name)) for v in views for name, _, _ in self._input_specs
+            )
+            self._bytes[num_tokens] = got
+        return got
+
+    def _checked_sources(self, layer_inputs: Sequence[LayerInput], num_tokens: int) -> CopyPairs:
+        """Check every layer input against `_input_specs` (ValueError naming the first bad
+        one) and pair the first `num_tokens` rows of each field with its persistent copy:
+        `(dst, src)` as bytes where src is contiguous, the plain views otherwise (a field
+        already in place is left out). One pass, so a copied step touches each tensor once."""
+        dsts = self._input_bytes(num_tokens)
+        views = self.input_views(num_tokens)
+        pairs = CopyPairs([], [])
+        j = 0
+        for i, inp in enumerate(layer_inputs):
+            if not isinstance(inp, LayerInput):
                 raise ValueError(
-                    f"layer_inputs[{i}].{name} must be {dtype} [>= {num_tokens}, "
-                    f"{', '.join(map(str, tail))}], got {t.dtype} {tuple(t.shape)}"
+                    f"layer_inputs[{i}] must be a LayerInput, got {type(inp).__name__}"
                 )
-            if t.device != self.device:
-                raise ValueError(
-                    f"layer_inputs[{i}].{name} is on {t.device}, the runner on {self.device}"
-                )
+            for name, dtype, tail in self._input_specs:
+                t = getattr(inp, name)
+                shape = t.shape
+                if t.dtype != dtype or shape[1:] != tail or shape[0] < num_tokens:
+                    raise ValueError(
+                        f"layer_inputs[{i}].{name} must be {dtype} [>= {num_tokens}, "
+                        f"{', '.join(map(str, tail))}], got {t.dtype} {tuple(shape)}"
+                    )
+                if t.device != self.device:
+                    raise ValueError(
+                        f"layer_inputs[{i}].{name} is on {t.device}, the runner on {self.device}"
+                    )
+                dst = dsts[j]
+                j += 1
+                if shape[0] != num_tokens:
+                    t = t[:num_tokens]
+                if t.is_contiguous() and t.stride(-1) == 1:
+                    if t.data_ptr() != dst.data_ptr():
+                        pairs.as_bytes.append((dst, _as_bytes(t)))
+                else:
+                    pairs.strided.append((getattr(views[i], name), t))
+        return pairs
 
     # ------------------------------------------------------------------ internals
-    def _load_decode(
-        self, batch: StepBatch, layer_inputs: Sequence[LayerInput] | None, num_real: int
-    ) -> None:
-        """Copy a uniform decode step's raw inputs into the persistent buffers (what is
-        already in place is not copied; `layer_inputs` None: all of them are) and write the
-        live-request count. Padding requests and rows are left as they are: the graph gives
-        them zero context."""
+    def _load_decode(self, batch: StepBatch, sources: CopyPairs | None) -> None:
+        """Copy a uniform decode step's raw inputs into the persistent buffers — seq_lens,
+        the block table, the device offsets where the graph reads them, and the layer inputs'
+        `(dst, src)` pairs from `_checked_sources` (None: all in place) — in one foreach
+        where the layouts allow, and write the live-request count. Padding requests and rows
+        are left as they are: the graph gives them zero context."""
         b = self.buffers
         live = batch.num_real_reqs
         pairs = [(b["seq_lens"], batch.seq_lens, live), (b["block_table"], batch.block_table, live)]
         if self._rows_from_device:
             pairs.append((b["query_start_loc"], batch.query_start_loc, live + 1))
-        if layer_inputs:
-            for view, inp in zip(self.input_views(num_real), layer_inputs, strict=True):
-                pairs.append((view.q, inp.q, num_real))
-                pairs.append((view.q_scale, inp.q_scale, num_real))
-                pairs.append((view.weights, inp.weights, num_real))
-        _copy_rows(pairs)
+        _copy_rows(pairs, sources)
         self._write_live_count(live)
 
     def _on_persistent_table(self, batch: StepBatch) -> StepBatch:
@@ -682,11 +710,22 @@ def _check_dcp(
     return group
 
 
-def _copy_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, int]]) -> None:
+class CopyPairs(NamedTuple):
+    """A step's layer-input copies (`dst`, `src`): `as_bytes`, contiguous uint8 views of both
+    sides (one foreach takes them all); `strided`, plain views, one `copy_` each."""
+
+    as_bytes: list[tuple[torch.Tensor, torch.Tensor]]
+    strided: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _copy_rows(
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor, int]],
+    sources: CopyPairs | None = None,
+) -> None:
     """`dst[:rows, :width] = src[:rows]` for every `(dst, src, rows)`, except where src already
-    is that view of dst. Every pair whose two sides share a dtype and are contiguous with unit
-    last stride goes, as bytes, into one `torch._foreach_copy_` (a single launch on a GPU);
-    any other pair is one `copy_`."""
+    is that view of dst, and `dst.copy_(src)` for every pair of `sources`. Every pair whose
+    two sides share a dtype and are contiguous with unit last stride goes, as bytes, into one
+    `torch._foreach_copy_` (a single launch on a GPU); any other pair is one `copy_`."""
     dsts: list[torch.Tensor] = []
     srcs: list[torch.Tensor] = []
     for dst, src, rows in pairs:
@@ -702,11 +741,19 @@ def _copy_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, int]]) -> None:
         whole = view.is_contiguous() and part.is_contiguous()
         if src.dtype != dst.dtype or not whole or view.stride(-1) != 1 or part.stride(-1) != 1:
             view.copy_(part, non_blocking=True)
-        elif dst.dtype == torch.uint8:
-            dsts.append(view)
-            srcs.append(part)
         else:
-            dsts.append(view.view(torch.uint8))
-            srcs.append(part.view(torch.uint8))
+            dsts.append(_as_bytes(view))
+            srcs.append(_as_bytes(part))
+    if sources is not None:
+        for dst, src in sources.as_bytes:
+            dsts.append(dst)
+            srcs.append(src)
+        for dst, src in sources.strided:
+            dst.copy_(src, non_blocking=True)
     if dsts:
         torch._foreach_copy_(dsts, srcs, non_blocking=True)
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """`t` (unit last stride) viewed as uint8."""
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)

@@ -44,14 +44,14 @@ def _sorted(topk: torch.Tensor) -> torch.Tensor:
 
 
 def _profile_eager(
-    runner, reqs: int, config: IndexerConfig, pages_per_req: int, num_pages: int, gen
+    runner, reqs: int, config: IndexerConfig, context: int, pages_per_req: int, num_pages: int
 ) -> None:
     """Where an eager padded step's host time goes: cProfile of 20 steps, top functions."""
     table = torch.arange(reqs * pages_per_req, dtype=torch.int32).view(reqs, pages_per_req)
     batch = StepBatch.from_lists(
         config,
         [config.next_n] * reqs,
-        [config.max_model_len] * reqs,
+        [context] * reqs,
         table.cuda(),
         num_pages=num_pages,
         device="cuda",
@@ -108,7 +108,9 @@ def _profile_host(runner, batch: StepBatch, views, shape, copied: StepBatch, inp
         "cache_replay_launch": lambda: runner.graphs.replay(shape),
         "step_no_sync": lambda: runner.step(batch, views),
         "step_copied_no_sync": lambda: runner.step(copied, inputs),
-        "load_decode_copied": lambda: runner._load_decode(copied, inputs, copied.num_tokens),
+        "load_decode_copied": lambda: runner._load_decode(
+            copied, runner._checked_sources(inputs, copied.num_tokens)
+        ),
     }
     figures = {}
     for name, fn in parts.items():
@@ -240,7 +242,7 @@ def bench_step(
             flush=True,
         )
     if profile:
-        _profile_eager(runner, batches[0], config, pages_per_req, num_pages, gen)
+        _profile_eager(runner, batches[0], config, context, pages_per_req, num_pages)
     return dict(
         preset=preset,
         config=repr(config),

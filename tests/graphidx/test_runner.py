@@ -307,6 +307,46 @@ def test_a_replayed_step_dispatches_only_its_copies() -> None:
         runner.input_views(-1)
 
 
+def test_inputs_of_any_layout_are_copied_exactly() -> None:
+    """A replayed step copies layer inputs whatever their layout: taller than the step,
+    strided (through one `copy_` each, next to the foreach), or partly the runner's own
+    views already (those fields are not copied); every form gives the contiguous answer."""
+    runner, gen = _setup(seed=12)
+    case = _replayable_decode(gen)
+    n = case.num_real_tokens
+    want = torch.sort(runner.step(case.batch, case.inputs).topk.long(), -1).values.clone()
+
+    def taller(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t[:n], torch.full_like(t[:3], 7)])
+
+    def strided(t: torch.Tensor) -> torch.Tensor:
+        wide = torch.zeros((t.shape[0], *t.shape[1:-1], 2 * t.shape[-1]), dtype=t.dtype)
+        wide[..., ::2] = t
+        return wide[..., ::2]
+
+    views = runner.input_views(n)
+    mixed = []
+    for i, inp in enumerate(case.inputs):
+        views[i].weights.copy_(inp.weights[:n])
+        mixed.append(dataclasses.replace(inp, q=strided(inp.q), weights=views[i].weights))
+    forms = {
+        "taller": [dataclasses.replace(i, q=taller(i.q), q_scale=taller(i.q_scale),
+                                       weights=taller(i.weights)) for i in case.inputs],
+        "strided": [dataclasses.replace(i, q_scale=strided(i.q_scale)) for i in case.inputs],
+        "mixed": mixed,
+    }  # fmt: skip
+    for name, inputs in forms.items():
+        for view in runner.input_views(n):
+            view.q.fill_(0xFF)
+            view.q_scale.fill_(0)
+        if name != "mixed":
+            for view in runner.input_views(n):
+                view.weights.fill_(float("nan"))
+        result = runner.step(case.batch, inputs)
+        assert result.replayed, name
+        assert torch.equal(torch.sort(result.topk.long(), -1).values, want), name
+
+
 def test_garbage_in_derived_buffers_and_padding_cannot_change_a_replay() -> None:
     """The graph recomputes every derived value: poisoning the builder's buffers, the
     padding requests' raw inputs and the padding rows' q leaves the answer unchanged."""
