@@ -202,9 +202,13 @@ class IndexerMetadataBuilder:
             ) from error
 
     def _set_gather_gates(self) -> None:
-        """Set the widths from which the plan gathers: `min_gather_width`, a prefill chunk's
-        (None: never, the dense indexer having no candidate pool)."""
+        """Set the gates from which the plan gathers (None: never, the dense indexer having no
+        candidate pool): `min_gather_width`, a prefill chunk's width; `decode_gather_width`,
+        the step's widest decode context (upper bound // R); and `rows_per_launch`, the
+        prefill rows of one gather launch."""
         self.min_gather_width: int | None = None
+        self.decode_gather_width: int | None = None
+        self.rows_per_launch = 0
 
     def _allocate(self) -> None:
         config = self.config
@@ -320,7 +324,7 @@ class IndexerMetadataBuilder:
             return plans
         return [dataclasses.replace(p, width=cp.local_count(p.width)) for p in plans]
 
-    # Hooks for subclasses and later features.
+    # The step's decode schedule and gather plan.
     def _build_schedule(self, decode: DecodeMetadata) -> torch.Tensor | None:
         """The decode work schedule, built on the device into its persistent buffer (the
         builder's one kernel launch: planning itself stays on the host); None when off."""
@@ -340,12 +344,27 @@ class IndexerMetadataBuilder:
         chunks: list[PrefillChunk],
         plans: list[PrefillPlan],
     ) -> tuple[bool, tuple[GatherLaunch, ...]]:
-        """`(decode_use_gather, gather_launches)`; the dense indexer never gathers."""
-        return False, ()
-
-    def _captured_decode_gathers(self) -> bool:
-        """Whether a captured uniform decode step's consumers gather (the dense one: never)."""
-        return False
+        """`(decode_use_gather, gather_launches)` under the gates of `_set_gather_gates`:
+        nothing gathers without a decode gate; decode rows gather under a FULL graph or when
+        the step's widest decode context reaches `decode_gather_width`; the prefill plans
+        that gather are cut into launches of `rows_per_launch` rows."""
+        if self.decode_gather_width is None:
+            return False, ()
+        decode_use_gather = self.full_graph_decode
+        if not decode_use_gather and num_decodes:
+            widest = int(batch.seq_lens_upper_bound.numpy()[:num_decodes].max())
+            decode_use_gather = widest // self.config.compress_ratio >= self.decode_gather_width
+        launches: tuple[GatherLaunch, ...] = ()
+        if plans:
+            launches = tuple(
+                plan_gather_launches(
+                    chunks,
+                    plans,
+                    self.rows_per_launch,
+                    row_ends_out=self._buffers["gather_row_ends"],
+                )
+            )
+        return decode_use_gather, launches
 
     # The captured uniform decode step.
     def uniform_decode(
@@ -475,7 +494,7 @@ class IndexerMetadataBuilder:
             num_prefill_tokens=0,
             context_lens=context_lens,
             decode=decode,
-            decode_use_gather=self._captured_decode_gathers(),
+            decode_use_gather=self.decode_gather_width is not None,
             global_row_ends=self._global_row_ends(rows),
         )
         return CapturedDecode(metadata, derive)
@@ -714,8 +733,6 @@ class CandidateIndexerMetadataBuilder(IndexerMetadataBuilder):
         super()._set_gather_gates()
         config = self.config
         self.num_candidate_cols = config.num_candidate_cols if config.sparse_logits else 0
-        self.rows_per_launch = 0
-        self.decode_gather_width = 0
         if config.sparse_logits:
             cols = self.num_candidate_cols
             self.rows_per_launch = config.consumer_rows_per_launch
@@ -748,31 +765,3 @@ class CandidateIndexerMetadataBuilder(IndexerMetadataBuilder):
                 f"{layout.n_per_tile} (one candidate block within one tile)"
             )
         return layout
-
-    def _captured_decode_gathers(self) -> bool:
-        return self.config.sparse_logits
-
-    def _gather_plan(
-        self,
-        batch: StepBatch,
-        num_decodes: int,
-        chunks: list[PrefillChunk],
-        plans: list[PrefillPlan],
-    ) -> tuple[bool, tuple[GatherLaunch, ...]]:
-        if not self.config.sparse_logits:
-            return False, ()
-        decode_use_gather = self.full_graph_decode
-        if not decode_use_gather and num_decodes:
-            widest = int(batch.seq_lens_upper_bound.numpy()[:num_decodes].max())
-            decode_use_gather = widest // self.config.compress_ratio >= self.decode_gather_width
-        launches: tuple[GatherLaunch, ...] = ()
-        if plans:
-            launches = tuple(
-                plan_gather_launches(
-                    chunks,
-                    plans,
-                    self.rows_per_launch,
-                    row_ends_out=self._buffers["gather_row_ends"],
-                )
-            )
-        return decode_use_gather, launches
