@@ -407,31 +407,6 @@ def _collect_step(
 
 
 @triton.jit
-def _collect(
-    src,
-    n,
-    floor,
-    candidates,
-    ties,
-    counters,
-    piece,
-    K_PAD: tl.constexpr,
-    CAP: tl.constexpr,
-    GROUPS: tl.constexpr,
-    GS: tl.constexpr,
-    BLOCKS: tl.constexpr,
-):
-    """`_collect_step` over every block of a row of length n (full steps unmasked)."""
-    main_stop = n // GROUPS // BLOCKS * BLOCKS
-    for first in range(0, main_stop, BLOCKS):
-        _collect_step(src, first, n, floor, candidates, ties, counters, piece,
-                      K_PAD, CAP, GROUPS, GS, BLOCKS, False)  # fmt: skip
-    if main_stop * GROUPS < n:
-        _collect_step(src, main_stop, n, floor, candidates, ties, counters, piece,
-                      K_PAD, CAP, GROUPS, GS, BLOCKS, True)  # fmt: skip
-
-
-@triton.jit
 def _tile_prefix(x):
     """(exclusive prefix sum of x in row-major order, total) for a 3-D [pieces, runs, RUN]
     tile whose pieces each lie in one thread (`_group_tile`). Every scan but the one across
@@ -994,7 +969,14 @@ def _split_collect_kernel(
     ties = candidates + CAP
     counters = counters_ptr + row * COUNTER_SLOTS
     floor = tl.load(counters + FLOOR_KEY).to(tl.uint32, bitcast=True)
-    _collect(src, n, floor, candidates, ties, counters, piece, K_PAD, CAP, GROUPS, GS, BLOCKS)
+    # `_collect_step` over every block of the row, the full steps unmasked.
+    main_stop = n // GROUPS // BLOCKS * BLOCKS
+    for first in range(0, main_stop, BLOCKS):
+        _collect_step(src, first, n, floor, candidates, ties, counters, piece,
+                      K_PAD, CAP, GROUPS, GS, BLOCKS, False)  # fmt: skip
+    if main_stop * GROUPS < n:
+        _collect_step(src, main_stop, n, floor, candidates, ties, counters, piece,
+                      K_PAD, CAP, GROUPS, GS, BLOCKS, True)  # fmt: skip
     tl.debug_barrier()
     if tl.atomic_add(counters + COLLECT_ARRIVALS, 1, sem="acq_rel") == SPLIT - 1:
         above = tl.atomic_add(counters + ABOVE, 0, sem="relaxed")
