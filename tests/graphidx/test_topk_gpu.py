@@ -118,3 +118,21 @@ def test_whole_row_kernel_at_full_size(k: int, width: int) -> None:
             out = torch.full((rows, k), SENTINEL, dtype=torch.int32, device="cuda")
             topk_per_row(logits, lengths, k, out, config=whole_row_config(width))
             check_exact(logits, lengths, k, out)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+@pytest.mark.parametrize("width", [65600, 163840])
+def test_few_rows_split_at_large_k(width: int) -> None:
+    """Two rows at k 2048 take the split path by default (a V3.2 decode step of one
+    request): every hard row, two at a time, three times, exact."""
+    from graphidx.ops.kernels.topk import default_config, topk_per_row
+
+    k = 2048
+    assert default_config(k, 2, width).programs_per_row > 1
+    logits, lengths = hard_rows(k, 10, width, default_config(k, 2, width).groups)
+    for first in range(0, 10, 2):
+        rows = slice(first, first + 2)
+        for _ in range(3):
+            out = torch.full((2, k), SENTINEL, dtype=torch.int32, device="cuda")
+            topk_per_row(logits[rows], lengths[rows], k, out)
+            check_exact(logits[rows], lengths[rows], k, out)

@@ -303,6 +303,10 @@ def test_default_config_choice() -> None:
     assert default_config(512, 128, 32768).num_warps == 4
     assert default_config(512, 8, 65536).programs_per_row == 16  # few rows: split
     assert default_config(2048, 128, 65536).programs_per_row == 1  # k above SPLIT_MAX_K
+    assert default_config(2048, 3, 65600).programs_per_row == 1
+    assert default_config(2048, 2, 65600).programs_per_row == 16  # few rows split at any k
+    assert default_config(2048, 2, 163840).programs_per_row == 32
+    assert default_config(2048, 2, 8256).whole_row  # held whole first
     assert default_config(2048, 128, 65536).groups == 8192
     assert default_config(512, 4096, 65536).programs_per_row == 1  # many rows
     assert default_config(2048, 1, 1 << 20).radix  # one very wide row

@@ -76,7 +76,8 @@ and as tight a floor, as a full one.
 
 Which path runs: `default_config(k, rows, width)` holds rows whole up to WHOLE_ROW_NARROW
 columns, and up to WHOLE_ROW_COLUMNS when k >= WHOLE_ROW_MIN_K or there are at most
-WHOLE_ROW_MAX_ROWS rows. Otherwise it doubles P from 1 while rows * P < 128,
+WHOLE_ROW_MAX_ROWS rows. Otherwise, at k <= SPLIT_MAX_K or for at most SPLIT_FEW_ROWS
+rows, it doubles P from 1 while rows * P < 128,
 each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
 rows narrower than 8192 columns, P > 1 for fewer, wider rows (8 x 65536 -> P = 16, one row of
 1M columns -> P = 128). Scratch is allocated per call, in row batches of at most
@@ -150,9 +151,16 @@ Rows are split only when there are too few to fill the GPU: rows that fill it ta
 one-program path, which needs one launch and no cross-program floor, and is the path tuned
 and measured on them (BENCHMARKS.md)."""
 SPLIT_MAX_K = 1024
-"""Largest k that default_config splits rows for (measured at 128 x 65536, k 2048: P = 1
-76 us, P = 2 125 us, P = 4 163 us: the last arriver's floor search over 8192 group maxima
-and the extra launch cost more than the split saves)."""
+"""Largest k that default_config splits rows for, unless there are at most SPLIT_FEW_ROWS
+rows (measured at 128 x 65536, k 2048: P = 1 76 us, P = 2 125 us, P = 4 163 us: the last
+arriver's floor search over 8192 group maxima and the extra launch cost more than the split
+saves)."""
+SPLIT_FEW_ROWS = 2
+"""Rows up to which default_config splits at any k. On the H200 (kernel spans, graph
+replays, clean L2) 2 rows at k 2048: 65600 columns 32.0 -> 24.6 us (P = 8; 26.8 -> 22.9 at
+16384 live columns), 163840 columns 35.6 -> 23.8 (P = 16); at 4 rows P = 16 gained 7%, at
+8 rows and more every split was slower (29.1 against 33.9 and up). A V3.2 decode step of
+one request is 2 such rows."""
 WIDE_ROW_COLUMNS = 65536
 """Row width from which one program per row gets WIDE_ROW_WARPS warps, WIDE_ROW_CHUNK
 columns per step and at least WIDE_ROW_GROUPS groups. Measured at 128 x 65536 (CUDA-graph
@@ -238,8 +246,9 @@ class TopkConfig:
 def default_config(k: int, rows: int, width: int) -> TopkConfig:
     """The config for `rows` rows of `width` columns and this k, from the shapes alone.
 
-    P doubles from 1 while k <= SPLIT_MAX_K, rows * P < TARGET_PROGRAMS, width >= 2P *
-    MIN_SLICE_COLUMNS and P < MAX_PROGRAMS_PER_ROW; the sizes are then `split_config(k, P)`,
+    P doubles from 1 while k <= SPLIT_MAX_K (or rows <= SPLIT_FEW_ROWS), rows * P <
+    TARGET_PROGRAMS, width >= 2P * MIN_SLICE_COLUMNS and P < MAX_PROGRAMS_PER_ROW; the
+    sizes are then `split_config(k, P)`,
     with WIDE_ROW_WARPS warps, WIDE_ROW_CHUNK columns per step and at least WIDE_ROW_GROUPS
     groups at P = 1 from WIDE_ROW_COLUMNS on. Rows are held whole in registers
     (`whole_row_config`) up to WHOLE_ROW_NARROW columns, and up to WHOLE_ROW_COLUMNS when
@@ -254,7 +263,7 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
         return radix_config(RADIX_CHUNK, 8)
     split = 1
     while (
-        k <= SPLIT_MAX_K
+        (k <= SPLIT_MAX_K or rows <= SPLIT_FEW_ROWS)
         and rows * split < TARGET_PROGRAMS
         and split < MAX_PROGRAMS_PER_ROW
         and width >= 2 * split * MIN_SLICE_COLUMNS
