@@ -453,9 +453,15 @@ class IndexerGraphRunner:
         offsets = batch.query_start_loc_cpu.numpy()  # host reads without torch dispatch
         num_real = int(offsets[batch.num_real_reqs])
         in_place = self._own_views(layer_inputs, num_real)
-        sources = None if in_place else self._checked_sources(layer_inputs, num_real)
         shape, reason = (
             self._shape_of(offsets, batch.num_real_reqs) if pad else (None, "unpadded (pad=False)")
+        )
+        # Every step checks its inputs; only a padded decode step copies them (and caches
+        # the views of its size: a bounded set, where eager prefill sizes are not).
+        sources = (
+            None
+            if in_place
+            else self._checked_sources(layer_inputs, num_real, pair=shape is not None)
         )
         replay = False
         if shape is not None:
@@ -568,13 +574,16 @@ class IndexerGraphRunner:
             self._bytes[num_tokens] = got
         return got
 
-    def _checked_sources(self, layer_inputs: Sequence[LayerInput], num_tokens: int) -> CopyPairs:
+    def _checked_sources(
+        self, layer_inputs: Sequence[LayerInput], num_tokens: int, *, pair: bool = True
+    ) -> CopyPairs | None:
         """Check every layer input against `_input_specs` (ValueError naming the first bad
-        one) and pair the first `num_tokens` rows of each field with its persistent copy:
-        `(dst, src)` as bytes where src is contiguous, the plain views otherwise (a field
-        already in place is left out). One pass, so a copied step touches each tensor once."""
-        dsts = self._input_bytes(num_tokens)
-        views = self.input_views(num_tokens)
+        one) and, when `pair`, pair the first `num_tokens` rows of each field with its
+        persistent copy: `(dst, src)` as bytes where src is contiguous, the plain views
+        otherwise (a field already in place is left out); None when not `pair`. One pass, so
+        a copied step touches each tensor once."""
+        dsts = self._input_bytes(num_tokens) if pair else ()
+        views = self.input_views(num_tokens) if pair else ()
         pairs = CopyPairs([], [])
         j = 0
         for i, inp in enumerate(layer_inputs):
@@ -594,6 +603,8 @@ class IndexerGraphRunner:
                     raise ValueError(
                         f"layer_inputs[{i}].{name} is on {t.device}, the runner on {self.device}"
                     )
+                if not pair:
+                    continue
                 dst = dsts[j]
                 j += 1
                 if shape[0] != num_tokens:
@@ -603,7 +614,7 @@ class IndexerGraphRunner:
                         pairs.as_bytes.append((dst, _as_bytes(t)))
                 else:
                     pairs.strided.append((getattr(views[i], name), t))
-        return pairs
+        return pairs if pair else None
 
     # ------------------------------------------------------------------ internals
     def _load_decode(self, batch: StepBatch, sources: CopyPairs | None) -> None:

@@ -58,10 +58,11 @@ TOPK_CASES = {
     "topk2048w8192": (2048, 2, 8192),
     "topk2048w1m": (2048, 1, 1 << 20),
     "topk512w16384": (512, 2, 16384),
+    "topk2048r2w65600": (2048, 2, 65600),
 }
 """name: (k, rows, columns); 16 rows of 65536 take the split path (P = 8), the narrow rows
 the whole-row kernel (V3.2's decode rows at an 8K context: W_PAD 16384 and 8192; the V4.1
-consumers' compact rows: 16384 columns at k 512)."""
+consumers' compact rows: 16384 columns at k 512); two rows of 65600 at k 2048 split (P = 16)."""
 GATHER_POOL_BLOCKS, GATHER_BLOCK_SIZE = 2048, 8
 SMALL_KEYS = 512  # the compiled code depends on shapes' strides and divisibility, not sizes
 

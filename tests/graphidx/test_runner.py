@@ -54,6 +54,22 @@ def test_other_steps_run_eagerly_with_a_reason() -> None:
     assert runner.graphs.stats().eager_fallbacks.get("not a uniform decode step") == 1
 
 
+def test_eager_steps_check_their_inputs_but_cache_no_views() -> None:
+    """Prefill and mixed steps run eagerly on the caller's inputs: they are checked (the same
+    ValueError), but no persistent view of their size is made or kept, so a long run of
+    varied prefill sizes does not grow the runner's caches."""
+    runner, gen = _setup(seed=4)
+    cached = (dict(runner._views), dict(runner._bytes))
+    for kind in ("prefill", "mixed", "prefill", "mixed"):
+        case = gen.case(kind)
+        assert not runner.step(case.batch, case.inputs).replayed
+    assert (runner._views, runner._bytes) == cached
+    case = gen.case("prefill")
+    bad = [dataclasses.replace(i, weights=i.weights.double()) for i in case.inputs]
+    with pytest.raises(ValueError, match=r"layer_inputs\[0\]\.weights must be torch.float32"):
+        runner.step(case.batch, bad)
+
+
 def test_replay_equals_eager_on_random_steps() -> None:
     runner, gen = _setup(seed=2)
     report = check_replay(runner, gen.cases(40))
@@ -314,7 +330,9 @@ def test_inputs_of_any_layout_are_copied_exactly() -> None:
     runner, gen = _setup(seed=12)
     case = _replayable_decode(gen)
     n = case.num_real_tokens
-    want = torch.sort(runner.step(case.batch, case.inputs).topk.long(), -1).values.clone()
+    # The unpadded eager step reads the inputs themselves: no copy path is trusted.
+    want = torch.sort(runner.step(case.batch, case.inputs, pad=False).topk.long(), -1)
+    want = want.values.clone()
 
     def taller(t: torch.Tensor) -> torch.Tensor:
         return torch.cat([t[:n], torch.full_like(t[:3], 7)])

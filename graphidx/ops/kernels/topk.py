@@ -77,11 +77,11 @@ and as tight a floor, as a full one.
 Which path runs: `default_config(k, rows, width)` holds rows whole up to WHOLE_ROW_NARROW
 columns, and up to WHOLE_ROW_COLUMNS when k >= WHOLE_ROW_MIN_K or there are at most
 WHOLE_ROW_MAX_ROWS rows. Otherwise, at k <= SPLIT_MAX_K or for at most SPLIT_FEW_ROWS
-rows, it doubles P from 1 while rows * P < 128,
-each program keeps >= 4096 columns of the width and P <= 128; so P = 1 for >= 128 rows or
-rows narrower than 8192 columns, P > 1 for fewer, wider rows (8 x 65536 -> P = 16, one row of
-1M columns -> P = 128). Scratch is allocated per call, in row batches of at most
-SCRATCH_BYTES.
+rows, it doubles P from 1 while rows * P < 128, each program keeps >= 4096 columns of the
+width and P <= 128; so P = 1 for >= 128 rows, rows narrower than 8192 columns, or three
+rows and more at k > SPLIT_MAX_K; P > 1 for fewer, wider rows (8 x 65536 at k 512 -> P = 16,
+2 x 65600 at k 2048 -> P = 16, one row of 1M columns at k 512 -> P = 128). Scratch is
+allocated per call, in row batches of at most SCRATCH_BYTES.
 """
 
 from __future__ import annotations
@@ -157,10 +157,12 @@ arriver's floor search over 8192 group maxima and the extra launch cost more tha
 saves)."""
 SPLIT_FEW_ROWS = 2
 """Rows up to which default_config splits at any k. On the H200 (kernel spans, graph
-replays, clean L2) 2 rows at k 2048: 65600 columns 32.0 -> 24.6 us (P = 8; 26.8 -> 22.9 at
-16384 live columns), 163840 columns 35.6 -> 23.8 (P = 16); at 4 rows P = 16 gained 7%, at
-8 rows and more every split was slower (29.1 against 33.9 and up). A V3.2 decode step of
-one request is 2 such rows."""
+replays, clean L2) 2 rows at k 2048: 65600 columns 32.0 -> 24.2 us at P = 16, the P the
+default takes (26.8 -> 22.7 at 16384 live columns); 163840 columns 35.6 -> 23.8 at P = 16
+(the default takes P = 32, not timed there; at 65600 P = 32 read 24.8); at 4 rows P = 16
+gained 7%, at 8 rows and more every split was slower (29.1 against 33.9 and up). Widths
+from 163840 up to RADIX_MIN_WIDTH were not timed. A V3.2 decode step of one request is 2
+such rows."""
 WIDE_ROW_COLUMNS = 65536
 """Row width from which one program per row gets WIDE_ROW_WARPS warps, WIDE_ROW_CHUNK
 columns per step and at least WIDE_ROW_GROUPS groups. Measured at 128 x 65536 (CUDA-graph
@@ -248,12 +250,11 @@ def default_config(k: int, rows: int, width: int) -> TopkConfig:
 
     P doubles from 1 while k <= SPLIT_MAX_K (or rows <= SPLIT_FEW_ROWS), rows * P <
     TARGET_PROGRAMS, width >= 2P * MIN_SLICE_COLUMNS and P < MAX_PROGRAMS_PER_ROW; the
-    sizes are then `split_config(k, P)`,
-    with WIDE_ROW_WARPS warps, WIDE_ROW_CHUNK columns per step and at least WIDE_ROW_GROUPS
-    groups at P = 1 from WIDE_ROW_COLUMNS on. Rows are held whole in registers
-    (`whole_row_config`) up to WHOLE_ROW_NARROW columns, and up to WHOLE_ROW_COLUMNS when
-    k >= WHOLE_ROW_MIN_K or rows <= WHOLE_ROW_MAX_ROWS; a single row of at least
-    RADIX_MIN_WIDTH columns at k > SPLIT_MAX_K takes the radix select.
+    sizes are then `split_config(k, P)`, with WIDE_ROW_WARPS warps, WIDE_ROW_CHUNK columns
+    per step and at least WIDE_ROW_GROUPS groups at P = 1 from WIDE_ROW_COLUMNS on. Rows
+    are held whole in registers (`whole_row_config`) up to WHOLE_ROW_NARROW columns, and up
+    to WHOLE_ROW_COLUMNS when k >= WHOLE_ROW_MIN_K or rows <= WHOLE_ROW_MAX_ROWS; a single
+    row of at least RADIX_MIN_WIDTH columns at k > SPLIT_MAX_K takes the radix select.
     """
     if width <= WHOLE_ROW_NARROW or (
         width <= WHOLE_ROW_COLUMNS and (k >= WHOLE_ROW_MIN_K or rows <= WHOLE_ROW_MAX_ROWS)
