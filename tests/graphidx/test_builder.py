@@ -203,6 +203,26 @@ def test_candidate_settings() -> None:
     # One-column pools: 1.5 columns rounds up to a width of 2 (widths are integers).
     tiny = IndexerConfig.cpu_demo(candidate_block_size=1, candidate_topk_blocks=1)
     assert CandidateIndexerMetadataBuilder(tiny, "cpu").min_gather_width == 2
+
+
+def test_only_sparse_logits_gather() -> None:
+    """The gather gates: a dense builder and a candidate builder without sparse logits
+    never gather (no gate at all), even under a FULL graph; with sparse logits the gates
+    are set and a FULL graph's decode rows gather."""
+    from graphidx.builder import IndexerMetadataBuilder
+
+    dense_config = IndexerConfig.cpu_demo(sparse_logits=False)
+    for builder in (
+        IndexerMetadataBuilder(dense_config, "cpu", full_graph_decode=True),
+        CandidateIndexerMetadataBuilder(dense_config, "cpu", full_graph_decode=True),
+    ):
+        assert builder.decode_gather_width is None and builder.min_gather_width is None
+        assert builder.rows_per_launch == 0
+        assert builder._gather_plan(None, 1, [], []) == (False, ())  # type: ignore[arg-type]
+    sparse = CandidateIndexerMetadataBuilder(IndexerConfig.cpu_demo(), "cpu",
+                                             full_graph_decode=True)  # fmt: skip
+    assert sparse.decode_gather_width is not None
+    assert sparse._gather_plan(None, 1, [], []) == (True, ())  # type: ignore[arg-type]
     dense_model = CandidateIndexerMetadataBuilder(IndexerConfig(num_heads=32), "cpu")
     assert dense_model.num_candidate_cols == 0 and dense_model.min_gather_width is None
 
