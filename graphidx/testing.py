@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import tempfile
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -634,6 +635,7 @@ def _gloo_rank(
         result = target(rank, world_size, shared, *args)
         torch.save(result, Path(folder) / f"rank{rank}.pt")
         dist.barrier()
+        (Path(folder) / f"rank{rank}.done").touch()  # every rank's answer is saved
     finally:
         dist.destroy_process_group()
 
@@ -650,9 +652,12 @@ def run_gloo_ranks(
     each rank of one gloo process group (the default group, initialised before `target`
     runs; one torch thread each). `target` must be a module-level function; `shared` and
     `args` reach the ranks, and their return values come back, through files (pickled).
-    Returns the values in rank order. A rank that raises ends the run
-    (`torch.multiprocessing.ProcessRaisedException`); past `timeout_s` the processes are
-    killed and TimeoutError raised."""
+    Returns the values in rank order. A rank that raises or dies ends the run
+    (`torch.multiprocessing.ProcessRaisedException` / `ProcessExitedException`), except a
+    rank that dies in gloo's teardown once every rank has saved its answer and passed the
+    final barrier (gloo can abort in `destroy_process_group` or at exit; the answers stand,
+    and a warning says so); past `timeout_s` the processes are killed and TimeoutError
+    raised."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as folder:
@@ -661,11 +666,17 @@ def run_gloo_ranks(
             _gloo_rank, args=(target, world_size, folder, args), nprocs=world_size, join=False
         )
         deadline = time.monotonic() + timeout_s
-        while not context.join(timeout=1):
-            if time.monotonic() > deadline:
-                for proc in context.processes:
-                    proc.kill()
-                raise TimeoutError(f"{world_size} gloo ranks did not finish in {timeout_s} s")
+        try:
+            while not context.join(timeout=1):
+                if time.monotonic() > deadline:
+                    for proc in context.processes:
+                        proc.kill()
+                    raise TimeoutError(f"{world_size} gloo ranks did not finish in {timeout_s} s")
+        except mp.ProcessExitedException as error:
+            done = all((Path(folder) / f"rank{r}.done").exists() for r in range(world_size))
+            if not done:
+                raise
+            warnings.warn(f"a gloo rank died after every answer was saved: {error}", stacklevel=2)
         return [
             torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world_size)
         ]

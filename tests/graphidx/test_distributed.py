@@ -3,9 +3,11 @@ merge against a brute-force single-rank top-k, and the exchange across gloo proc
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
-from helpers import across_gloo_ranks
+from helpers import across_gloo_ranks, needs_gloo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -430,3 +432,25 @@ def test_sharded_topk_checks_its_output_before_the_exchange(
         sharded_topk(group, logits, lengths, 4, wrong)
     with pytest.raises(ValueError, match="out"):
         sharded_topk_at(group, logits, torch.zeros(3, 16, dtype=torch.int32), lengths, 4, wrong)
+
+
+def _abort_later(rank: int, world_size: int, shared: object, when: str) -> int:
+    """Rank 1 aborts: `when` = "teardown", from a thread that outlives the rank's work (so
+    after every answer is saved, as gloo's own teardown aborts do); "work", at once."""
+    import os
+    import threading
+
+    if rank == 1 and when == "work":
+        os.abort()
+    if rank == 1 and when == "teardown":
+        threading.Thread(target=lambda: (time.sleep(1.0), os.abort())).start()
+    return rank * 10
+
+
+@needs_gloo
+def test_a_rank_dying_in_teardown_keeps_the_saved_answers() -> None:
+    with pytest.warns(UserWarning, match="a gloo rank died after every answer was saved"):
+        answers = run_gloo_ranks(_abort_later, 2, None, ("teardown",), timeout_s=120)
+    assert answers == [0, 10]
+    with pytest.raises(torch.multiprocessing.ProcessExitedException, match="SIGABRT"):
+        run_gloo_ranks(_abort_later, 2, None, ("work",), timeout_s=120)
