@@ -14,7 +14,9 @@ import math
 import pytest
 import torch
 
-from graphidx.mxfp4 import E2M1_VALUES
+from graphidx.config import cdiv
+from graphidx.mxfp4 import E2M1_VALUES, cache_layout
+from graphidx.mxfp4.layout import pack_page, unpack_page
 
 ops = pytest.importorskip("graphidx.ops")
 pytest.importorskip("triton")
@@ -209,6 +211,28 @@ def test_dense_fp8_nan_scales_propagate(gen: torch.Generator) -> None:
     want = _dense("exact", "reference", cache, (q, q_scale, weights), row_ends, 48, extra)
     got = _dense("fp8", "triton", cache, (q, q_scale, weights), row_ends, 48, extra)
     assert bool(want.isnan().any())
+    _assert_fp8_match(got, want)
+
+
+def test_dense_fp8_rescores_keys_outside_the_first_tiles_window(gen: torch.Generator) -> None:
+    """A walk's e4m3 keys share the exponent reference of its first tile: keys far larger
+    later in the walk (each one uniform, so a per-key check would hold them) must still come
+    out exact, through the walk's exact rescoring."""
+    rows, _, extra = grouping("next_n", [1, 2])
+    page_entries, head_dim = 32, 64
+    cache = make_cache(gen, [85], num_heads=4, head_dim=head_dim, page_entries=page_entries)
+    q, q_scale, weights = make_queries(gen, rows, 4, head_dim)
+    q_scale = q_scale.clamp(121, 131)
+    layout = cache_layout(4, head_dim, page_entries)
+    for index in range(cdiv(85, page_entries)):
+        page = int(cache.block_table[0, index])
+        values, scales = unpack_page(cache.kv_cache[page], layout, head_dim)
+        position = index * page_entries + torch.arange(page_entries)
+        scales[:] = torch.where(position < 40, 121, 131).to(torch.uint8)[:, None]
+        cache.kv_cache[page, : layout.page_bytes] = pack_page(values, scales, layout)
+    row_ends = torch.full((rows,), 85, dtype=torch.int32)
+    want = _dense("exact", "reference", cache, (q, q_scale, weights), row_ends, 96, extra)
+    got = _dense("fp8", "triton", cache, (q, q_scale, weights), row_ends, 96, extra)
     _assert_fp8_match(got, want)
 
 

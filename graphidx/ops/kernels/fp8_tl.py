@@ -2,13 +2,18 @@
 (docs/contract.md section 5, "Precision").
 
 Every e2m1 value times a power of two 2**s with -5 <= s <= 6 is a normal e4m3 number, so a
-key (or a query head) whose D/32 block exponents E_b lie within FP8_EXPONENT_SPREAD of their
-largest, B, is held exactly as e4m3 values `code * 2**(E_b - B + 6)` times one per-key
-factor `2**(B - 133)`. The MMA then multiplies exact operands; the per-key factor and the
-per-head one (folded into the head's weight) are applied after the ReLU, which commutes
-with a positive factor. Blocks whose codes are all zero decode to 0 whatever their scale
-and take no part in B. A scale byte of 0xFF (NaN) makes the factor NaN, as the exact path's
-decode does.
+row of D/32 blocks with exponents E_b is held exactly as e4m3 values `code * 2**(E_b - B +
+6)` times one factor `2**(B - 133)` whenever every E_b lies in [B - FP8_EXPONENT_SPREAD, B].
+The MMA then multiplies exact operands; the factors are applied after the ReLU, which
+commutes with a positive factor.
+- Query heads (`fp8_operand`, `fp8_queries`): B is the head's largest exponent over its
+  blocks with a nonzero code, and the head's factor is folded into its weight.
+- Keys (`fp8_keys`): B is one reference for a whole walk over key tiles
+  (`fp8_key_reference`, from its first tile), so the factor is one scalar and a tile needs
+  no per-key exponent reduction; the walk records the span of exponents it met
+  (`fp8_key_span`) and `fp8_keys_held` says afterwards whether all were inside the window.
+A scale byte of 0xFF (NaN) makes a head's factor NaN, as the exact path's decode does, and
+puts a key outside every window.
 
 Element order. The e4m3 A operand of a one-warpgroup MMA holds, in lane t of a quad, four
 consecutive k per register: k = 32 c + 16 h + 4 t + i (register h of chunk c, byte i). A
@@ -85,16 +90,18 @@ def fp8_code_words(words, low, high, PTX: tl.constexpr):
     byte i of register h the code at nibble 4 h + i. Magnitudes are looked up in the tables
     (`fp8_tables`, broadcast against words), signs kept (-0 for a negative zero code)."""
     if PTX:
+        # The tables' bytes with the sign bit set give every magnitude as a negative number;
+        # a sign-replicating prmt of 0x01 bytes gives 1 where the code is positive (0 where
+        # negative), and subtracting 0x80 times it clears the sign bit there: one mad.
         first, second = tl.inline_asm_elementwise(
-            "{ .reg .b32 s, m, n, ones, w;"
-            " mov.b32 ones, 0x80808080;"
-            " and.b32 s, $2, 0x7777; prmt.b32 m, $3, $4, s;"
-            " prmt.b32 n, ones, ones, $2; shl.b32 n, n, 1;"
-            " and.b32 n, n, 0x80808080; or.b32 $0, m, n;"
+            "{ .reg .b32 s, m, n, one, w, lo, hi;"
+            " mov.b32 one, 0x01010101;"
+            " or.b32 lo, $3, 0x80808080; or.b32 hi, $4, 0x80808080;"
+            " and.b32 s, $2, 0x7777; prmt.b32 m, lo, hi, s;"
+            " prmt.b32 n, one, one, $2; mad.lo.u32 $0, n, 0xFFFFFF80, m;"
             " shr.u32 w, $2, 16;"
-            " and.b32 s, w, 0x7777; prmt.b32 m, $3, $4, s;"
-            " prmt.b32 n, ones, ones, w; shl.b32 n, n, 1;"
-            " and.b32 n, n, 0x80808080; or.b32 $1, m, n; }",
+            " and.b32 s, w, 0x7777; prmt.b32 m, lo, hi, s;"
+            " prmt.b32 n, one, one, w; mad.lo.u32 $1, n, 0xFFFFFF80, m; }",
             "=r,=r,r,r,r",
             [words, low, high],
             dtype=(tl.int32, tl.int32),
@@ -165,6 +172,60 @@ def fp8_operand(words, scales, PTX: tl.constexpr):
     return fp8_tile(first, second), factor, exact
 
 
+KEY_REFERENCE_MARGIN = tl.constexpr(3)
+"""How far above the largest block exponent of a walk's first key tile its reference sits
+(`fp8_key_reference`): later keys up to that much larger are still held."""
+
+
+@triton.jit
+def fp8_key_reference(scales, live):
+    """The exponent reference of a walk over key tiles: the largest block exponent of the live
+    keys of its first tile (scales `[M, SUB, 1, 4]`, live broadcast against them) plus
+    KEY_REFERENCE_MARGIN, at most LARGEST_HELD_SCALE."""
+    counted = tl.where(live, scales, 0)
+    top = tl.max(tl.reshape(counted, [counted.numel]), axis=0)
+    return tl.minimum(top + KEY_REFERENCE_MARGIN, LARGEST_HELD_SCALE)
+
+
+@triton.jit
+def fp8_keys(words, scales, reference, PTX: tl.constexpr):
+    """e4m3 operand of a key tile (words, scales as `fp8_operand` takes them) against one
+    exponent reference B for every key: block b of exponent E_b becomes `code * 2**(E_b - B
+    + 6)`, exact when B - FP8_EXPONENT_SPREAD <= E_b <= B (`fp8_keys_held`), and the key is
+    the operand row times `fp8_key_factor(B)`. A block outside that window gets wrong bytes:
+    the caller must not keep what such a tile scored (the kernels score the walk again on
+    the exact path)."""
+    shift = scales - reference + (FP8_EXPONENT_SPREAD + 1)
+    table_low, table_high = fp8_tables(shift)
+    first, second = fp8_code_words(words, table_low, table_high, PTX)
+    return fp8_tile(first, second)
+
+
+@triton.jit
+def fp8_key_factor(reference):
+    """float32 `2**(reference - 133)`: e4m3 key rows of `fp8_keys` times it are the keys."""
+    return e8m0_factor(reference) * FP8_FACTOR_SHIFT
+
+
+@triton.jit
+def fp8_key_span(low, high, scales, live):
+    """The running smallest and largest block exponent of the live keys of a walk."""
+    low = tl.minimum(low, tl.where(live, scales, 255))
+    high = tl.maximum(high, tl.where(live, scales, 0))
+    return low, high
+
+
+@triton.jit
+def fp8_keys_held(low, high, reference):
+    """int32 1 when every exponent of a walk's span (`fp8_key_span`) lies in the window of
+    `fp8_keys` around reference, else 0 (scales above LARGEST_HELD_SCALE, NaN included,
+    never do: the reference is at most that)."""
+    smallest = tl.min(tl.reshape(low, [low.numel]), axis=0)
+    largest = tl.max(tl.reshape(high, [high.numel]), axis=0)
+    inside = (smallest >= reference - FP8_EXPONENT_SPREAD) & (largest <= reference)
+    return inside.to(tl.int32)
+
+
 @triton.jit
 def fp8_queries(words, scales, weights, PTX: tl.constexpr):
     """The e4m3 side of a set of query heads: codes as `fp8_operand` takes them (`[N, SUB, W,
@@ -183,6 +244,11 @@ __all__ = [
     "FP8_EXPONENT_SPREAD",
     "FP8_WEIGHT_RANGE",
     "fp8_code_words",
+    "fp8_key_factor",
+    "fp8_key_reference",
+    "fp8_key_span",
+    "fp8_keys",
+    "fp8_keys_held",
     "fp8_operand",
     "fp8_order",
     "fp8_queries",

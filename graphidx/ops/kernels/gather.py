@@ -25,12 +25,12 @@ import triton.language as tl
 from graphidx.config import cdiv
 from graphidx.ops.kernels import (
     OPERANDS_FP32,
+    fp8_tl,
     multiprocessor_count,
     next_power_of_2,
     operand_mode,
     require_bf16_tensor_cores,
 )
-from graphidx.ops.kernels.fp8_tl import fp8_operand, fp8_queries
 from graphidx.ops.kernels.launch import launch
 from graphidx.ops.kernels.logits import (
     MIN_MMA_COLUMNS,
@@ -236,24 +236,81 @@ def _exact_logits(values, scales, queries_t, weights, OPERANDS: tl.constexpr):
 
 
 @triton.jit
-def _score_tile(tile_start, values, scales, scored, queries, out_row, score_stop,
+def _score_tile(tile_start, values, scales, scored, queries, out_row, score_stop, reference,
                 OPERANDS: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
     """Decode, multiply and store one tile: -inf where not scored, nothing past score_stop.
     queries: (exact Q^T, weights, e4m3 Q^T, factored weights, e4m3 usable) as
-    `graphidx.ops.kernels.logits._group_queries` builds them; FP8 takes the e4m3 operands
-    when they and the tile's keys are held exactly (`fp8_operand`)."""
+    `graphidx.ops.kernels.logits._group_queries` builds them; FP8 takes the e4m3 operands,
+    the keys against the exponent `reference` (`fp8_keys`: keys outside its window get wrong
+    columns, which the caller rescores)."""
     col = tile_start + tl.arange(0, BLOCK_N)
     if FP8:
-        keys8, key_factor, held = fp8_operand(values, scales, OPERANDS == BF16X2_OPERANDS)
-        if (tl.min(held.to(tl.int32), axis=0) != 0) & queries[4]:
-            scores = relu_propagate_nan(tl.dot(keys8, queries[2]))
-            logits = tl.sum(scores * queries[3][None, :], axis=1) * key_factor
-        else:
-            logits = _exact_logits(values, scales, queries[0], queries[1], OPERANDS)
+        keys8 = fp8_tl.fp8_keys(values, scales, reference, OPERANDS == BF16X2_OPERANDS)
+        scores = relu_propagate_nan(tl.dot(keys8, queries[2]))
+        logits = tl.sum(scores * queries[3][None, :], axis=1) * fp8_tl.fp8_key_factor(reference)
     else:
         logits = _exact_logits(values, scales, queries[0], queries[1], OPERANDS)
     logits = tl.where(scored, logits, float("-inf"))
     store_b32(out_row + col, logits, col < score_stop, OPERANDS == BF16X2_OPERANDS)
+
+
+@triton.jit
+def _walk_columns(col_start, score_stop, context, block_row, pos_row, pool_blocks, queries,
+                  out_row, kv_ptr, page_stride, KEYS: tl.constexpr, C: tl.constexpr,
+                  BLOCK_N: tl.constexpr, OPERANDS: tl.constexpr, PREFETCH: tl.constexpr,
+                  LINE_RUN: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
+    """Score compact columns [col_start, score_stop) of one row tile by tile (col_start <
+    score_stop). FP8: on e4m3 operands, every key against one exponent reference taken from
+    the first tile; returns int32 1 when every scored key was held exactly (else its columns
+    are wrong: the caller walks again exactly). Without FP8: exact, returns 1."""
+    slot_args = (score_stop, context, block_row, pos_row, pool_blocks)
+    if FP8:
+        page, slot, scored = _tile_slots(col_start, *slot_args, C, KEYS.E, BLOCK_N)
+        _, first_scales = _tile_keys(page, slot, scored, kv_ptr, page_stride, KEYS)
+        reference = fp8_tl.fp8_key_reference(first_scales, scored[:, None, None, None])
+    else:
+        reference = 0
+    low = tl.full([BLOCK_N, KEYS.SUB, 1, 4], 255, tl.int32)
+    high = tl.full([BLOCK_N, KEYS.SUB, 1, 4], 0, tl.int32)
+    tile_args = (queries, out_row, score_stop, reference)
+    if PREFETCH:
+        # The chain of dependent reads runs ahead of the scoring: while tile i is scored,
+        # tile i + 1's codes are prefetched into L1 (its page was read a tile earlier),
+        # tile i + 2's pages and tile i + 3's positions are loading; each read waits a
+        # whole tile for the one it depends on, and tile i's codes come from L1.
+        page, slot, scored = _tile_slots(col_start, *slot_args, C, KEYS.E, BLOCK_N)
+        page1, slot1, scored1 = _tile_slots(col_start + BLOCK_N, *slot_args, C, KEYS.E, BLOCK_N)
+        firsts = _tile_firsts(col_start + 2 * BLOCK_N, score_stop, pos_row, pool_blocks, C,
+                              BLOCK_N)  # fmt: skip
+        for tile_start in range(col_start, score_stop, BLOCK_N):
+            _prefetch_tile(page1, slot1, scored1, kv_ptr, page_stride, KEYS, LINE_RUN,
+                           OPERANDS == BF16X2_OPERANDS)  # fmt: skip
+            values, scales = _tile_keys(page, slot, scored, kv_ptr, page_stride, KEYS)
+            page2, slot2, scored2 = _slots_of(
+                tile_start + 2 * BLOCK_N, firsts, score_stop, context, block_row, C, KEYS.E,
+                BLOCK_N,
+            )  # fmt: skip
+            firsts = _tile_firsts(tile_start + 3 * BLOCK_N, score_stop, pos_row,
+                                  pool_blocks, C, BLOCK_N)  # fmt: skip
+            _score_tile(tile_start, values, scales, scored, *tile_args,
+                        OPERANDS, BLOCK_N, FP8)  # fmt: skip
+            if FP8:
+                low, high = fp8_tl.fp8_key_span(low, high, scales, scored[:, None, None, None])
+            page, slot, scored = page1, slot1, scored1
+            page1, slot1, scored1 = page2, slot2, scored2
+    else:
+        for tile_start in range(col_start, score_stop, BLOCK_N):
+            page, slot, scored = _tile_slots(tile_start, *slot_args, C, KEYS.E, BLOCK_N)
+            values, scales = _tile_keys(page, slot, scored, kv_ptr, page_stride, KEYS)
+            _score_tile(tile_start, values, scales, scored, *tile_args,
+                        OPERANDS, BLOCK_N, FP8)  # fmt: skip
+            if FP8:
+                low, high = fp8_tl.fp8_key_span(low, high, scales, scored[:, None, None, None])
+    if FP8:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
+        held = fp8_tl.fp8_keys_held(low, high, reference)
+    else:
+        held = 1
+    return held
 
 
 @triton.jit(do_not_specialize=["ctx_ptr", "live_ptr", "qsl_ptr", "num_seqs", "rows_per_seq"])
@@ -314,7 +371,7 @@ def _gather_logits_kernel(
         queries_t = mma_operand(tl.trans(dequantize_tile(q_words, q_scales)), OPERANDS)
         weights = tl.load(w_ptr + row.to(tl.int64) * w_row_stride + head, mask=head_ok, other=0.0)
         if FP8:
-            queries8, weights8, fp8_ok = fp8_queries(q_words, q_scales, weights,
+            queries8, weights8, fp8_ok = fp8_tl.fp8_queries(q_words, q_scales, weights,
                                                      OPERANDS == BF16X2_OPERANDS)  # fmt: skip
             queries = (queries_t, weights, queries8, weights8, fp8_ok)
         else:
@@ -323,37 +380,18 @@ def _gather_logits_kernel(
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
         pos_row = positions_ptr + row.to(tl.int64) * pos_row_stride
         # (Constexprs are passed one by one: Triton 3.6 drops them from unpacked tuples.)
-        slot_args = (score_stop, context, block_row, pos_row, pool_blocks)
-        tile_args = (queries, out_row, score_stop)
-        if PREFETCH:
-            # The chain of dependent reads runs ahead of the scoring: while tile i is scored,
-            # tile i + 1's codes are prefetched into L1 (its page was read a tile earlier),
-            # tile i + 2's pages and tile i + 3's positions are loading; each read waits a
-            # whole tile for the one it depends on, and tile i's codes come from L1.
-            page, slot, scored = _tile_slots(col_start, *slot_args, C, KEYS.E, BLOCK_N)
-            page1, slot1, scored1 = _tile_slots(col_start + BLOCK_N, *slot_args, C, KEYS.E, BLOCK_N)
-            firsts = _tile_firsts(col_start + 2 * BLOCK_N, score_stop, pos_row, pool_blocks, C,
-                                  BLOCK_N)  # fmt: skip
-            for tile_start in range(col_start, score_stop, BLOCK_N):
-                _prefetch_tile(page1, slot1, scored1, kv_ptr, page_stride, KEYS, LINE_RUN,
-                               OPERANDS == BF16X2_OPERANDS)  # fmt: skip
-                values, scales = _tile_keys(page, slot, scored, kv_ptr, page_stride, KEYS)
-                page2, slot2, scored2 = _slots_of(
-                    tile_start + 2 * BLOCK_N, firsts, score_stop, context, block_row, C, KEYS.E,
-                    BLOCK_N,
-                )  # fmt: skip
-                firsts = _tile_firsts(tile_start + 3 * BLOCK_N, score_stop, pos_row,
-                                      pool_blocks, C, BLOCK_N)  # fmt: skip
-                _score_tile(tile_start, values, scales, scored, *tile_args,
-                            OPERANDS, BLOCK_N, FP8)  # fmt: skip
-                page, slot, scored = page1, slot1, scored1
-                page1, slot1, scored1 = page2, slot2, scored2
-        else:
-            for tile_start in range(col_start, score_stop, BLOCK_N):
-                page, slot, scored = _tile_slots(tile_start, *slot_args, C, KEYS.E, BLOCK_N)
-                values, scales = _tile_keys(page, slot, scored, kv_ptr, page_stride, KEYS)
-                _score_tile(tile_start, values, scales, scored, *tile_args,
-                            OPERANDS, BLOCK_N, FP8)  # fmt: skip
+        walk_args = (col_start, score_stop, context, block_row, pos_row, pool_blocks, queries,
+                     out_row, kv_ptr, page_stride)  # fmt: skip
+        exact = tl.full([], 1, tl.int32)
+        if FP8:  # noqa: SIM102 (a constexpr branch around a runtime one)
+            # The row's columns on e4m3 operands; if a key was not held exactly, the exact
+            # walk scores them all again.
+            if fp8_ok:
+                held = _walk_columns(*walk_args, KEYS, C, BLOCK_N, OPERANDS, PREFETCH,
+                                     LINE_RUN, True)  # fmt: skip
+                exact = 1 - held
+        if exact != 0:
+            _walk_columns(*walk_args, KEYS, C, BLOCK_N, OPERANDS, PREFETCH, LINE_RUN, False)
     if CLEAN:
         for tile_start in range(tl.maximum(col_start, live), col_stop, BLOCK_N):
             col = tile_start + tl.arange(0, BLOCK_N)

@@ -50,7 +50,14 @@ from graphidx.ops.kernels import (
     operand_mode,
     require_bf16_tensor_cores,
 )
-from graphidx.ops.kernels.fp8_tl import fp8_operand, fp8_queries
+from graphidx.ops.kernels.fp8_tl import (
+    fp8_key_factor,
+    fp8_key_reference,
+    fp8_key_span,
+    fp8_keys,
+    fp8_keys_held,
+    fp8_queries,
+)
 from graphidx.ops.kernels.launch import launch
 from graphidx.ops.kernels.mxfp4_tl import (
     BF16X2_OPERANDS,
@@ -304,6 +311,7 @@ def default_config(
     rows_per_group: int,
     candidate_block_size: int,
     page_entries: int,
+    precision: str = "exact",
 ) -> LogitsConfig:
     """Shape-only config, from the H200 sweeps in BENCHMARKS.md: one warpgroup (4 warps) over
     64 keys and N = block_r * heads_pad <= 128 columns, no shared-memory pipelining
@@ -317,6 +325,11 @@ def default_config(
     instructions cost more than the DRAM wait it hides: H32 184.8 -> 187.9 us, so off);
     prefill keeps the compiler's choice (with the prefetch, a 168-register cap measured
     the same: 3777 vs 3780 us).
+
+    Decode under the fp8 precision: at N = 128 one MMA over all rows capped at 168 registers
+    (3 programs per SM; H64 64 x 16K: 61.9 us against 69.8 uncapped with halves and 87.9
+    capped at 128), at N = 64 capped at 128 registers (H32 64 x 64K: 181.1 against 251.5
+    uncapped at 164 registers), both with the L2 prefetch (H32 181.1 -> 175.1).
 
     Never depends on lengths, so a graph captured at one step replays at any other.
     """
@@ -334,18 +347,24 @@ def default_config(
     # Decode at N = 128: 4 resident programs per SM at 128 registers; running each tile's MMA
     # and epilogue over one half of the rows at a time keeps the spills few (none in the
     # scheduled kernel).
-    capped = not prefill and columns >= 128 and operand_mode() == OPERANDS_BF16X2
-    capped = capped and block_n == 64
+    decode_mma = not prefill and operand_mode() == OPERANDS_BF16X2 and block_n == 64
+    cap: int | None
+    if precision == "fp8" and decode_mma and columns <= 128:
+        cap, halves, l2_prefetch = (168 if columns == 128 else 128), False, one_page
+    else:
+        capped = decode_mma and columns >= 128
+        cap, halves, l2_prefetch = (128 if capped else None), capped and block_r >= 2, capped
+        l2_prefetch = l2_prefetch and one_page
     return LogitsConfig(
         block_n=block_n,
         block_r=block_r,
         num_warps=4 if columns <= 128 else 8,
         num_stages=1,
-        max_registers=128 if capped else None,
+        max_registers=cap,
         programs_per_sm=4,
         prefetch=one_page,
-        halves=capped and block_r >= 2,
-        l2_prefetch=capped and one_page,
+        halves=halves,
+        l2_prefetch=l2_prefetch,
     )
 
 
@@ -423,12 +442,23 @@ def _score_group(
             queries_a = _group_queries(*query_args, 0, H, HP, KEYS, BLOCK_R, OPERANDS, FP8)
             queries_b = queries_a
         block_row = bt_ptr + seq.to(tl.int64) * bt_row_stride
-        _walk_tiles(
-            key_start, key_stop, row, row_len, queries_a, queries_b,
-            out_ptr, bs_ptr, out_row_stride, bs_row_stride, kv_ptr, block_row, page_stride,
-            HP, KEYS, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
-            MMA_ROWS, PREFETCH, HALVES, FP8,
-        )  # fmt: skip
+        walk_args = (key_start, key_stop, row, row_len, queries_a, queries_b, out_ptr, bs_ptr,
+                     out_row_stride, bs_row_stride, kv_ptr, block_row, page_stride)  # fmt: skip
+        exact = tl.full([], 1, tl.int32)
+        if FP8:  # noqa: SIM102 (a constexpr branch around a runtime one)
+            # The whole range on e4m3 operands; if any of its keys was not held exactly, the
+            # exact walk below scores the range again, overwriting every column written.
+            if queries_a[4] & queries_b[4]:
+                held = _walk_tiles(
+                    *walk_args, HP, KEYS, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
+                    MMA_ROWS, PREFETCH, HALVES, True,
+                )  # fmt: skip
+                exact = 1 - held
+        if exact != 0:
+            _walk_tiles(
+                *walk_args, HP, KEYS, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
+                MMA_ROWS, PREFETCH, HALVES, False,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -509,6 +539,19 @@ def _walk_tiles(
         tile_args = ((row, row_len, queries_a), (row, row_len, queries_a),
                      out_ptr, bs_ptr, out_row_stride, bs_row_stride)  # fmt: skip
     PTX: tl.constexpr = OPERANDS == BF16X2_OPERANDS
+    if FP8:
+        # The e4m3 keys of the whole walk share one exponent reference (`fp8_keys`), taken
+        # from the first tile; the walk tracks the exponents it meets to say whether every
+        # key it scored was held exactly.
+        _, first_scales = _fetch_tile(
+            key_start, key_stop, kv_ptr, block_row, page_stride, None,
+            KEYS, BLOCK_N, MMA_ROWS, True, PTX,
+        )  # fmt: skip
+        reference = fp8_key_reference(first_scales, _live_keys(key_start, key_stop, BLOCK_N))
+    else:
+        reference = 0
+    low = tl.full([BLOCK_N, KEYS.SUB, 1, 4], 255, tl.int32)
+    high = tl.full([BLOCK_N, KEYS.SUB, 1, 4], 0, tl.int32)
     if PREFETCH:
         # One tile ahead in registers: the next tile's loads are in flight while this one
         # decodes and multiplies, and its block-table entry was loaded a tile before that
@@ -548,9 +591,12 @@ def _walk_tiles(
                 next_page = tl.load(
                     block_row + tl.minimum(tile_start + 2 * BLOCK_N, last_start) // KEYS.E
                 )
-            _score_rows(tile_start, values, scales, *tile_args,
+            _score_rows(tile_start, reference, values, scales, *tile_args,
                         HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES,
                         FP8)  # fmt: skip
+            if FP8:
+                live = _live_keys(tile_start, key_stop, BLOCK_N)
+                low, high = fp8_key_span(low, high, scales, live)
             values, scales = next_values, next_scales
     else:
         fetch_args = (kv_ptr, block_row, page_stride, None)
@@ -559,17 +605,35 @@ def _walk_tiles(
                 tile_start, key_stop, *fetch_args,
                 KEYS, BLOCK_N, MMA_ROWS, False, PTX,
             )  # fmt: skip
-            _score_rows(tile_start, values, scales, *tile_args,
+            _score_rows(tile_start, reference, values, scales, *tile_args,
                         HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES,
                         FP8)  # fmt: skip
+            if FP8:
+                live = _live_keys(tile_start, key_stop, BLOCK_N)
+                low, high = fp8_key_span(low, high, scales, live)
         if full_stop < key_stop:
             values, scales = _fetch_tile(
                 full_stop, key_stop, *fetch_args,
                 KEYS, BLOCK_N, MMA_ROWS, True, PTX,
             )  # fmt: skip
-            _score_rows(full_stop, values, scales, *tile_args,
+            _score_rows(full_stop, reference, values, scales, *tile_args,
                         HP, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES,
                         FP8)  # fmt: skip
+            if FP8:
+                live = _live_keys(full_stop, key_stop, BLOCK_N)
+                low, high = fp8_key_span(low, high, scales, live)
+    if FP8:  # noqa: SIM108 (a constexpr branch: only one side is compiled)
+        held = fp8_keys_held(low, high, reference)
+    else:
+        held = 1
+    return held
+
+
+@triton.jit
+def _live_keys(tile_start, key_stop, BLOCK_N: tl.constexpr):
+    """int1 `[BLOCK_N, 1, 1, 1]`: which keys of the tile are below key_stop."""
+    key = tile_start + tl.arange(0, BLOCK_N)
+    return (key < key_stop)[:, None, None, None]
 
 
 @triton.jit
@@ -633,6 +697,7 @@ def _halves(x):
 @triton.jit
 def _score_rows(
     tile_start,
+    reference,
     values,
     scales,
     rows_a,
@@ -654,23 +719,21 @@ def _score_rows(
     rows: `rows_a` = (rows, lengths, query operands of `_group_queries`), or under HALVES
     each half in turn (`rows_a` then `rows_b`, BLOCK_R / 2 rows each).
 
-    FP8: the tile's keys as e4m3 (`fp8_operand`) when they and every query head are held
-    exactly; otherwise, for this tile only, the exact path."""
+    FP8: the tile's keys as e4m3 against the exponent `reference` (`fp8_keys`) times the
+    e4m3 queries; keys it does not hold get wrong columns (the caller checks the span of
+    their exponents). Without FP8 the exact path (reference unused)."""
     tile_args = (out_ptr, bs_ptr, out_row_stride, bs_row_stride)
     ROWS: tl.constexpr = BLOCK_R // 2 if HALVES else BLOCK_R
     if FP8:
-        keys8, key_factor, held = fp8_operand(values, scales, OPERANDS == BF16X2_OPERANDS)
-        if (tl.min(held.to(tl.int32), axis=0) != 0) & rows_a[2][4] & rows_b[2][4]:
-            _score_tile(tile_start, keys8, key_factor, rows_a[0], rows_a[1], rows_a[2][2],
-                        rows_a[2][3], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
+        keys8 = fp8_keys(values, scales, reference, OPERANDS == BF16X2_OPERANDS)
+        key_factor = fp8_key_factor(reference)
+        _score_tile(tile_start, keys8, key_factor, rows_a[0], rows_a[1], rows_a[2][2],
+                    rows_a[2][3], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
+                    OPERANDS)  # fmt: skip
+        if HALVES:
+            _score_tile(tile_start, keys8, key_factor, rows_b[0], rows_b[1], rows_b[2][2],
+                        rows_b[2][3], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
                         OPERANDS)  # fmt: skip
-            if HALVES:
-                _score_tile(tile_start, keys8, key_factor, rows_b[0], rows_b[1], rows_b[2][2],
-                            rows_b[2][3], *tile_args, HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C,
-                            OPERANDS)  # fmt: skip
-        else:
-            _score_exact(tile_start, values, scales, rows_a, rows_b, *tile_args,
-                         HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
     else:
         _score_exact(tile_start, values, scales, rows_a, rows_b, *tile_args,
                      HP, ROWS, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS, HALVES)  # fmt: skip
@@ -724,7 +787,7 @@ def _score_tile(
     scores = relu_propagate_nan(scores) * weights[None, :]
     logits = tl.sum(tl.reshape(scores, [BLOCK_N, BLOCK_R, HP]), axis=2)
     if key_factor is not None:
-        logits = logits * key_factor[:, None]
+        logits = logits * key_factor
     visible = key[:, None] < row_len[None, :]
     out_rows = out_ptr + row.to(tl.int64)[None, :] * out_row_stride
     store_b32(out_rows + key[:, None], logits, visible, OPERANDS == BF16X2_OPERANDS)
@@ -971,7 +1034,7 @@ def paged_mqa_logits(
     width = out.shape[1]
     size = candidate_block_size if block_scores is not None else 1
     heads_pad = padded_heads(shape.num_heads)
-    cfg = config or default_config(grouping, heads_pad, rows_per_seq, size, entries)
+    cfg = config or default_config(grouping, heads_pad, rows_per_seq, size, entries, precision)
     check_config(cfg, entries)
     require_bf16_tensor_cores(q.device)
     if block_scores is not None:
