@@ -2,9 +2,10 @@
 
 Under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1) the e4m3 dots are
 computed exactly, so the fp8 kernels must agree with the reference to float32 rounding: that
-checks the operand construction (tables, element order, per-key and per-head factors) and
-the exact fallback for keys and queries the e4m3 operands cannot hold. On a GPU the FP8
-tensor cores accumulate with fewer bits; those tests check the documented bound instead.
+checks the operand construction (tables, element order, the key walk's factor and the
+per-head ones) and the exact rescoring of walks and queries the e4m3 operands cannot hold.
+On a GPU the FP8 tensor cores accumulate with fewer bits; those tests check the documented
+bound instead.
 """
 
 from __future__ import annotations
@@ -158,6 +159,16 @@ def _assert_fp8_match(got: torch.Tensor, want: torch.Tensor) -> None:
         assert float((got[finite] - want[finite]).abs().max()) <= _fp8_tolerance(want)
 
 
+def _clamp_key_scales(cache, heads: int, head_dim: int, page_entries: int, low: int,
+                      high: int) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
+    """Clamp every key scale byte of the cache's pages into [low, high], in place."""
+    layout = cache_layout(heads, head_dim, page_entries)
+    for page in range(cache.kv_cache.shape[0]):
+        values, scales = unpack_page(cache.kv_cache[page], layout, head_dim)
+        clamped = scales.clamp(low, high)
+        cache.kv_cache[page, : layout.page_bytes] = pack_page(values, clamped, layout)
+
+
 def _dense(precision: str, backend: str, cache, queries, row_ends, width, extra):  # type: ignore[no-untyped-def]
     q, q_scale, weights = queries
     out = torch.full((q.shape[0], width), NAN)
@@ -177,9 +188,11 @@ def _dense(precision: str, backend: str, cache, queries, row_ends, width, extra)
 def test_dense_fp8_matches_reference(
     gen: torch.Generator, case: tuple[str, list[int], int, int, int], spread: str
 ) -> None:
-    """Narrow: every key and query within the e4m3 spread (the fp8 path throughout); wide:
-    scales 2**-7 .. 2**5, so some tiles and programs take the exact fallback. `case`: the
-    grouping, sizes, heads, head_dim and page_entries of a DENSE_CASES row."""
+    """Narrow: key scales 2**-3 .. 2**4 and query scales 2**-6 .. 2**4, inside every key
+    walk's window (its reference is the first tile's largest + 3) and every head's spread:
+    the fp8 results are the ones kept; wide: scales 2**-7 .. 2**5, so walks and programs are
+    rescored exactly. `case`: the grouping, sizes, heads, head_dim and page_entries of a
+    DENSE_CASES row."""
     kind, sizes, heads, head_dim, page_entries = case
     rows, num_seqs, extra = grouping(kind, sizes)
     contexts = [int(c) for c in torch.randint(0, 90, (num_seqs,), generator=gen)]
@@ -188,7 +201,7 @@ def test_dense_fp8_matches_reference(
     q, q_scale, weights = make_queries(gen, rows, heads, head_dim)
     if spread == "narrow":
         q_scale = q_scale.clamp(121, 131)
-        cache.kv_cache[cache.kv_cache == 132] = 131  # only scale bytes hold 132 (or 120)
+        _clamp_key_scales(cache, heads, head_dim, page_entries, 124, 131)
     row_ends = torch.randint(-3, 95, (rows,), generator=gen).to(torch.int32)
     want = _dense("exact", "reference", cache, (q, q_scale, weights), row_ends, 72, extra)
     fp8_reference = _dense("fp8", "reference", cache, (q, q_scale, weights), row_ends, 72, extra)
@@ -243,6 +256,8 @@ def test_gather_fp8_matches_reference(gen: torch.Generator, kind: str) -> None:
     rows, num_seqs, extra = grouping(kind, sizes)
     contexts = [int(c) for c in torch.randint(20, 60, (num_seqs,), generator=gen)]
     cache = make_cache(gen, contexts, num_heads=heads, head_dim=head_dim, page_entries=16)
+    # Key scales inside every walk's window: the fp8 results are the ones kept.
+    _clamp_key_scales(cache, heads, head_dim, 16, 124, 131)
     q, q_scale, weights = make_queries(gen, rows, heads, head_dim)
     q_scale = q_scale.clamp(121, 131)
     seqs = (

@@ -37,8 +37,9 @@ import triton.language as tl
 from graphidx.ops.kernels.mxfp4_tl import e8m0_factor
 
 FP8_EXPONENT_SPREAD = tl.constexpr(11)
-"""Widest spread (largest minus smallest) of the block exponents of one key or query head
-among its blocks with a nonzero code that e4m3 operands hold exactly."""
+"""Widest spread (largest minus smallest) of block exponents that e4m3 operands hold exactly:
+of a query head's blocks with a nonzero code, or of a key walk's blocks (all of them)
+below its reference."""
 FP8_TABLE_BASES = tl.constexpr((0x0C080000, 0x1C181410))
 FP8_TABLE_STEPS = tl.constexpr((0x08080800, 0x08080808))
 """Tables of `fp8_tables`: byte m holds the e4m3 bits of e2m1 magnitude m times 2**(k - 6) as
@@ -56,8 +57,9 @@ ReLU'd e4m3 scores (each at most 384**2 * D, 2**31.2 over 256 heads at D = 256) 
 overflows nor loses bits to float32 subnormals."""
 LARGEST_HELD_SCALE = tl.constexpr(252)
 """Above it (253, 254) the exact decode of a large code overflows float32 to inf; such rows
-take the exact path, so the fp8 mode gives the same inf / NaN (255, NaN, is held: its factor
-is NaN)."""
+take the exact path, so the fp8 mode gives the same inf / NaN. A query head with a 255 (NaN)
+scale is held (its factor is NaN); a key walk's reference is at most this, so keys with
+253-255 are never held and the walk is rescored exactly."""
 
 
 @triton.jit
@@ -192,9 +194,9 @@ def fp8_keys(words, scales, reference, PTX: tl.constexpr):
     """e4m3 operand of a key tile (words, scales as `fp8_operand` takes them) against one
     exponent reference B for every key: block b of exponent E_b becomes `code * 2**(E_b - B
     + 6)`, exact when B - FP8_EXPONENT_SPREAD <= E_b <= B (`fp8_keys_held`), and the key is
-    the operand row times `fp8_key_factor(B)`. A block outside that window gets wrong bytes:
-    the caller must not keep what such a tile scored (the kernels score the walk again on
-    the exact path)."""
+    the operand row times `fp8_key_factor(B)`. A block outside that window gets wrong bytes
+    unless its codes are all zero: the caller must not keep what such a tile scored (the
+    kernels score the walk again on the exact path)."""
     shift = scales - reference + (FP8_EXPONENT_SPREAD + 1)
     table_low, table_high = fp8_tables(shift)
     first, second = fp8_code_words(words, table_low, table_high, PTX)

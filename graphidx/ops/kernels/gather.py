@@ -391,6 +391,9 @@ def _gather_logits_kernel(
                                      LINE_RUN, True)  # fmt: skip
                 exact = 1 - held
         if exact != 0:
+            if FP8:
+                # The fp8 walk's stores come first, whichever thread made them.
+                tl.debug_barrier()
             _walk_columns(*walk_args, KEYS, C, BLOCK_N, OPERANDS, PREFETCH, LINE_RUN, False)
     if CLEAN:
         for tile_start in range(tl.maximum(col_start, live), col_stop, BLOCK_N):

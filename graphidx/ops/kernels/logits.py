@@ -350,7 +350,7 @@ def default_config(
     # scheduled kernel).
     decode_mma = not prefill and operand_mode() == OPERANDS_BF16X2 and block_n == 64
     cap: int | None
-    if precision == "fp8" and decode_mma and columns <= 128:
+    if precision == "fp8" and decode_mma and columns in (64, 128):
         cap, halves, l2_prefetch = (168 if columns == 128 else 128), False, one_page
     else:
         capped = decode_mma and columns >= 128
@@ -456,6 +456,9 @@ def _score_group(
                 )  # fmt: skip
                 exact = 1 - held
         if exact != 0:
+            if FP8:
+                # The fp8 walk's stores come first, whichever thread made them.
+                tl.debug_barrier()
             _walk_tiles(
                 *walk_args, HP, KEYS, BLOCK_R, BLOCK_N, HAS_BLOCK_SCORES, C, OPERANDS,
                 MMA_ROWS, PREFETCH, HALVES, False,
@@ -778,8 +781,9 @@ def _score_tile(
 ):
     """Keys [tile_start, tile_start + BLOCK_N) of one row group: logits and block scores.
     tile_start is a multiple of BLOCK_N; columns at or past a row's length are not written.
-    keys: decoded (`decode_key_tile`) with key_factor None, or e4m3 (`fp8_operand`) with its
-    float32 factor per key, queries_t and weights then the e4m3 ones of `_group_queries`."""
+    keys: decoded (`decode_key_tile`) with key_factor None, or e4m3 (`fp8_keys`) with the
+    walk's scalar float32 factor, queries_t and weights then the e4m3 ones of
+    `_group_queries`."""
     key = tile_start + tl.arange(0, BLOCK_N)
     if key_factor is None:
         scores = tile_scores(keys, queries_t, OPERANDS)
