@@ -290,6 +290,32 @@ def test_gather_fp8_matches_reference(gen: torch.Generator, kind: str) -> None:
     _assert_fp8_match(outs["triton"], outs["reference"])
 
 
+@pytest.mark.parametrize(
+    ("heads_pad", "rows", "precision", "want"),
+    [
+        (64, 2, "fp8", (168, False, True)),  # H64 decode, N = 128: one MMA, 3 programs per SM
+        (32, 2, "fp8", (128, False, True)),  # H32 decode, N = 64
+        (16, 2, "fp8", (None, False, False)),  # N = 32: not measured, the exact mode's config
+        (64, 2, "exact", (128, True, True)),
+        (32, 2, "exact", (None, False, False)),
+    ],
+)  # fmt: skip
+def test_decode_default_config_per_precision_on_nvidia(
+    monkeypatch: pytest.MonkeyPatch, heads_pad: int, rows: int, precision: str,
+    want: tuple[int | None, bool, bool],
+) -> None:  # fmt: skip
+    """The shape-chosen decode config on NVIDIA: (register cap, halves, L2 prefetch) per
+    precision, as measured on the H200 (BENCHMARKS.md, "fp8 precision")."""
+    from graphidx.ops.kernels import OPERANDS_BF16X2
+    from graphidx.ops.kernels import logits as triton_logits
+
+    monkeypatch.setattr(triton_logits, "operand_mode", lambda: OPERANDS_BF16X2)
+    config = triton_logits.default_config(triton_logits.GROUP_FIXED, heads_pad, rows, 1, 64,
+                                          precision)  # fmt: skip
+    assert (config.max_registers, config.halves, config.l2_prefetch) == want
+    assert config.block_n == 64 and config.prefetch
+
+
 # ---------------------------------------------------------------------------------------
 # Resolution.
 # ---------------------------------------------------------------------------------------
