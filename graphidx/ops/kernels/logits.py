@@ -530,7 +530,10 @@ def _walk_tiles(
     (`_group_queries` of each half); without it `queries_a` holds all the rows and
     `queries_b` is not used.
     PREFETCH: 0 none, 1 the next tile in registers (`LogitsConfig.prefetch`), 2 that and
-    the tile after it into L2 (`LogitsConfig.l2_prefetch`)."""
+    the tile after it into L2 (`LogitsConfig.l2_prefetch`).
+    FP8: on e4m3 operands (`_score_rows`); returns int32 1 when every key scored was held
+    exactly (`fp8_keys_held`), else 0 (its columns are then wrong). Without FP8: exact,
+    returns 1."""
     tl.assume(key_start >= 0)
     tl.assume(key_start % BLOCK_N == 0)
     full_stop = key_start + (key_stop - key_start) // BLOCK_N * BLOCK_N
