@@ -327,7 +327,8 @@ def default_config(
     the same: 3777 vs 3780 us).
 
     Decode under the fp8 precision (BENCHMARKS.md, "fp8 precision"): at N = 128 one MMA over
-    all rows capped at 168 registers, 3 programs per SM (H64 64 x 16K: 61.8 us against 69.8
+    all rows capped at 168 registers, which hold 3 resident programs per SM while the
+    persistent grid keeps 4 per SM as measured (H64 64 x 16K: 61.8 us against 69.8
     uncapped with halves, 88.5 capped at 128 with halves, 80.7 without the L2 prefetch); at
     N = 64 capped at 128 registers (H32 64 x 64K: 176.1 against 251.5 at the compiler's 164
     registers, 221.6 capped at 136); both with the L2 prefetch.
